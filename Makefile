@@ -1,0 +1,38 @@
+# millstream: `make demo` runs the main job, `make test` runs lint, types and the test suite.
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+DURATION ?= 1800
+
+.PHONY: help setup demo test lint typecheck unit bench chaos clean
+
+help: ## Show this help
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+setup: ## Create the virtualenv and install everything (run by demo and test)
+	@bash scripts/bootstrap.sh
+
+demo: setup ## Run the Zeitgeist demo pipeline on embedded (or your) Redis and Kafka
+	$(BIN)/millstream demo
+
+lint: setup ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup ## mypy on the package
+	$(BIN)/mypy millstream connectors injectors sinks state
+
+test: setup lint typecheck ## Lint, type check and the full pytest suite
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+unit: setup ## Only the fast unit tests
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: setup ## Run the benchmark suite (results in results/)
+	$(BIN)/millstream bench
+
+chaos: setup ## Long chaos soak: make chaos DURATION=1800
+	$(BIN)/millstream chaos --duration $(DURATION)
+
+clean: ## Remove the virtualenv and local state
+	rm -rf $(VENV) .millstream build *.egg-info

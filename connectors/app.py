@@ -1,0 +1,150 @@
+"""Run a topology: start one streaming query per computation and keep them going.
+
+A small function wires the layers; no god object. Stops cleanly on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from millstream.connectors.driver import DEFAULT_PARTITIONS, ComputationRunner, Endpoints
+from millstream.connectors.topics import ensure_topics
+from millstream.connectors.topology import Topology
+from millstream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def spark_session(settings: Settings, app_name: str) -> Any:
+    """A SparkSession whose Python workers run this interpreter (so they see our packages)."""
+    from millstream.embedded import check_java
+
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(settings.spark_master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    from millstream.injectors import register
+
+    register(spark)
+    return spark
+
+
+@contextlib.contextmanager
+def endpoints(settings: Settings) -> Iterator[Endpoints]:
+    """Redis and Kafka from the environment, or embedded services started (and stopped) here."""
+    from millstream.embedded import embedded_services
+
+    with embedded_services(settings) as (redis_url, bootstrap):
+        kafka = {**settings.kafka_extra, "bootstrap.servers": bootstrap}
+        yield Endpoints(redis_url=redis_url, kafka=kafka)
+
+
+class Application:
+    """The running queries of one topology."""
+
+    def __init__(self, topology: Topology, settings: Settings, ends: Endpoints, spark: Any):
+        topology.validate()
+        self.topology = topology
+        self.settings = settings
+        self.endpoints = ends
+        self.spark = spark
+        self.runners: dict[str, ComputationRunner] = {}
+
+    def prepare(self) -> None:
+        topics = {
+            self.topology.topic_of(s): self.topology.partitions.get(s, DEFAULT_PARTITIONS)
+            for s in self.topology.internal_streams()
+        }
+        ensure_topics(self.endpoints.kafka, topics)
+
+    def start(self, names: list[str] | None = None) -> None:
+        """Start computations (all by default); others already running are left untouched."""
+        for name in names or list(self.topology.computations):
+            if name in self.runners:
+                continue
+            runner = ComputationRunner(
+                self.topology, self.topology.computations[name], self.settings, self.endpoints
+            )
+            runner.start(self.spark)
+            self.runners[name] = runner
+            log.info("started computation %s", name)
+
+    def check(self) -> None:
+        """Raise the first failure of any query (a failed query must not go unnoticed)."""
+        for name, runner in self.runners.items():
+            error = runner.query.exception() if runner.query is not None else None
+            if error is not None:
+                raise RuntimeError(f"computation {name!r} failed: {error}") from None
+
+    def stop(self) -> None:
+        for runner in self.runners.values():
+            with contextlib.suppress(Exception):
+                runner.query.stop()
+
+
+def run(
+    topology: Topology,
+    settings: Settings | None = None,
+    *,
+    until: Callable[[Application], bool] | None = None,
+    on_tick: Callable[[Application], None] | None = None,
+    tick_seconds: float = 1.0,
+) -> None:
+    """Run `topology` until interrupted (Ctrl-C, SIGTERM) or until `until(app)` is true."""
+    settings = settings or Settings.from_env()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    stop = threading.Event()
+
+    def _signal(signum: int, _frame: Any) -> None:
+        log.info("signal %s: stopping after the current batches", signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, _signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with endpoints(settings) as ends:
+            spark = spark_session(settings, f"millstream.{topology.app}")
+            app = Application(topology, settings, ends, spark)
+            app.prepare()
+            app.start()
+            try:
+                while not stop.is_set():
+                    app.check()
+                    if on_tick is not None:
+                        on_tick(app)
+                    if until is not None and until(app):
+                        break
+                    stop.wait(tick_seconds)
+            finally:
+                app.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")

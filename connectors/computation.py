@@ -1,0 +1,122 @@
+"""The programming model: a Computation runs per key; its Context buffers effects for one commit."""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from millstream.connectors.serde import Serde, encode_value
+from millstream.errors import ConfigurationError
+from millstream.records import Production, Record, TimeDomain, Timer
+
+_MISSING = object()
+
+
+class Context:
+    """What user code may touch while it handles one record or timer of one key.
+
+    Valid only during that call: every effect (state, timers, productions) is buffered and
+    committed atomically with the record's id, or discarded if the call raises.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        state: bytes | None,
+        serde: Serde,
+        low_watermark: int,
+        now: int,
+        timestamp: int,
+        outputs: frozenset[str],
+        new_id: Callable[[], bytes] = lambda: uuid.uuid4().bytes,
+    ) -> None:
+        self.key = key
+        self.low_watermark = low_watermark
+        self.now = now
+        self._serde = serde
+        self._raw = state
+        self._value: Any = _MISSING
+        self._dirty = False
+        self._timestamp = timestamp
+        self._outputs = outputs
+        self._new_id = new_id
+        self.timer_ops: dict[str, tuple[TimeDomain, int] | None] = {}
+        self.productions: list[Production] = []
+
+    # --- state -------------------------------------------------------------------------------
+    def get_state(self, default: Any = None) -> Any:
+        """This key's state, or `default` when the key has none."""
+        if self._value is _MISSING:
+            self._value = None if self._raw is None else self._serde.loads(self._raw)
+        return default if self._value is None else self._value
+
+    def set_state(self, value: Any) -> None:
+        if value is None:
+            raise ValueError("set_state(None) is ambiguous: call delete_state() to remove state")
+        self._value = value
+        self._dirty = True
+
+    def delete_state(self) -> None:
+        self._value = None
+        self._dirty = True
+
+    def state_effect(self) -> tuple[bool, bytes | None]:
+        """(changed, bytes or None for delete); serialising here makes a bad value a user error."""
+        if not self._dirty:
+            return False, None
+        return True, None if self._value is None else self._serde.dumps(self._value)
+
+    # --- timers ------------------------------------------------------------------------------
+    def set_timer(self, tag: str, time: int, domain: str | TimeDomain = TimeDomain.EVENT) -> None:
+        """Fire `process_timer` once when the clock of `domain` reaches `time` (ms).
+
+        event: when the input low watermark passes `time`; wall: when the wall clock does.
+        Setting a tag again moves the timer.
+        """
+        parsed = TimeDomain.parse(domain)
+        if not isinstance(time, int) or isinstance(time, bool):
+            raise TypeError(f"timer time must be int milliseconds, got {type(time).__name__}")
+        self.timer_ops[str(tag)] = (parsed, time)
+
+    def delete_timer(self, tag: str) -> None:
+        self.timer_ops[str(tag)] = None
+
+    # --- productions -------------------------------------------------------------------------
+    def produce(
+        self, stream: str, key: str, value: bytes | str | Any, timestamp: int | None = None
+    ) -> None:
+        """Emit a record to `stream`; delivered after this key's effects are committed."""
+        if stream not in self._outputs:
+            raise ConfigurationError(
+                f"produce() to undeclared stream {stream!r}: add it to this computation's "
+                f"outputs (declared: {sorted(self._outputs)})"
+            )
+        ts = self._timestamp if timestamp is None else int(timestamp)
+        self.productions.append(
+            Production(
+                stream=stream,
+                key=str(key),
+                value=encode_value(value),
+                timestamp=ts,
+                id=self._new_id(),
+                system_time=self.now,
+            )
+        )
+
+
+class Computation(ABC):
+    """User logic for one node of the topology, run per key, serialised per key.
+
+    millstream calls `process_record` once per input record (exactly once in effect, even when
+    Kafka redelivers or a worker crashes) and `process_timer` once per timer that came due.
+    """
+
+    @abstractmethod
+    def process_record(self, ctx: Context, record: Record) -> None:
+        """Handle one record of `ctx.key`."""
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:  # noqa: B027 - optional hook
+        """Handle a timer of `ctx.key` that came due; does nothing unless overridden."""

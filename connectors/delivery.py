@@ -1,0 +1,74 @@
+"""Step 5 of the shard protocol: deliver checkpointed productions to their streams' targets.
+
+Sinks are built once per Python worker process and reused across batches and shards.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from millstream.connectors.plan import BatchPlan
+from millstream.records import Production
+from millstream.state.client import connect
+from millstream.state.watermarks import Watermark, WatermarkAuthority
+
+_SINKS: dict[tuple[str, str, str, int], Any] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Target:
+    """How to build the sink of one stream on an executor; `index` orders several targets."""
+
+    factory: Callable[[], Any]
+    index: int = 0
+
+
+def _sink(plan: BatchPlan, computation: str, stream: str, target: Target) -> Any:
+    cache_key = (plan.app, computation, stream, target.index)
+    with _LOCK:
+        sink = _SINKS.get(cache_key)
+    if sink is None:
+        sink = target.factory()
+        sink.setup()
+        with _LOCK:
+            sink = _SINKS.setdefault(cache_key, sink)
+    return sink
+
+
+def deliver_all(
+    plan: BatchPlan, computation: str, shard: int, productions: list[Production]
+) -> list[Production]:
+    """Deliver every production to every target of its stream; return them once all acked.
+
+    Raises (leaving the checkpoints in place, so the next owner re-delivers) when a target fails.
+    """
+    from millstream.sinks.base import ShardRef
+
+    ref = ShardRef(plan.app, computation, shard)
+    by_stream: dict[str, list[Production]] = {}
+    for production in sorted(productions, key=lambda p: p.seq):
+        by_stream.setdefault(production.stream, []).append(production)
+    delivered: list[Production] = []
+    for stream, items in by_stream.items():
+        targets = plan.deliveries.get(stream, ())
+        for target in targets:  # type: ignore[attr-defined]
+            report = _sink(plan, computation, stream, target).deliver(ref, items)
+            if stream in plan.in_flight_streams and target.index == 0:
+                _record_in_flight(plan, stream, report)
+        delivered.extend(items)
+    return delivered
+
+
+def _record_in_flight(plan: BatchPlan, stream: str, report: Any) -> None:
+    """Delivered records wait in the topic: they hold the consumers' watermark until read."""
+    entries = [
+        (partition, max_offset, Watermark(min_event, min_system))
+        for (_topic, partition), (max_offset, min_event, min_system) in report.partitions.items()
+    ]
+    if entries:
+        authority = WatermarkAuthority(connect(plan.redis_url), plan.app)
+        authority.add_in_flight(stream, entries, token=f"{plan.batch_id}")

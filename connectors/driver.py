@@ -1,0 +1,288 @@
+"""The driver side of DESIGN.md section 2: one Structured Streaming query per computation.
+
+Each micro-batch: read the input low watermark, route rows to shards (one task per shard, empty
+shards included so their timers fire), collect shard results, then publish the computation's
+low watermark (monotonic) and its metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from millstream.connectors.delivery import Target
+from millstream.connectors.plan import BatchPlan, TaskInput, shard_of
+from millstream.connectors.shard_task import ERROR, ID, KEY, STREAM, VALUE, ShardResult, run_shard
+from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
+from millstream.settings import Settings
+from millstream.state.client import connect
+from millstream.state.keys import ShardKeys, app_key
+from millstream.state.shard import ShardConfig, oldest_work
+from millstream.state.watermarks import (
+    INFINITY,
+    NONE_KNOWN,
+    Watermark,
+    WatermarkAuthority,
+    merge_min,
+    now_ms,
+    percentile_watermark,
+)
+
+log = logging.getLogger(__name__)
+DEFAULT_PARTITIONS = 4
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where Redis and Kafka are, once embedded services (if any) are up."""
+
+    redis_url: str
+    kafka: dict[str, str]  # librdkafka config: bootstrap.servers plus pass-through settings
+
+
+@dataclass(frozen=True)
+class InternalStreamSink:
+    """Factory for the idempotent producer that writes an internal stream's topic."""
+
+    topic: str
+    kafka: tuple[tuple[str, str], ...]
+
+    def __call__(self) -> Any:
+        from millstream.sinks.kafka_stream import KafkaStreamSink
+
+        return KafkaStreamSink(dict(self.kafka), topic_for=lambda _stream: self.topic)
+
+
+@dataclass(frozen=True)
+class UserSink:
+    sink: Any
+
+    def __call__(self) -> Any:
+        return self.sink
+
+
+def _route(
+    extractors: dict[str, Any], shards: int, rows: Iterator[Any]
+) -> Iterator[tuple[int, TaskInput]]:
+    """Map side: extract each row's key with its stream's extractor; errors travel with the row."""
+    for row in rows:
+        values = tuple(row)
+        if values[ERROR] is not None:
+            yield shard_of(values[ID].hex(), shards), TaskInput(None, values, values[ERROR])
+            continue
+        try:
+            key = extractors[values[STREAM]](values[KEY], values[VALUE] or b"")
+            if not isinstance(key, str):
+                raise TypeError(f"key extractor returned {type(key).__name__}, expected str")
+        except Exception as exc:  # noqa: BLE001 - bad input: dead-lettered, never dropped
+            reason = f"key extraction failed: {type(exc).__name__}: {exc}"
+            yield shard_of(values[ID].hex(), shards), TaskInput(None, values, reason)
+        else:
+            yield shard_of(key, shards), TaskInput(key, values, None)
+
+
+def _shard_task(
+    plan: BatchPlan, spec: ComputationSpec, index: int, items: Iterator[tuple[int, TaskInput]]
+) -> Iterator[ShardResult]:
+    yield run_shard(plan, spec, index, [item for _, item in items])
+
+
+class ComputationRunner:
+    """Owns one computation's streaming query and its per-batch protocol."""
+
+    def __init__(
+        self, topology: Topology, spec: ComputationSpec, settings: Settings, endpoints: Endpoints
+    ) -> None:
+        self.topology = topology
+        self.spec = spec
+        self.settings = settings
+        self.endpoints = endpoints
+        self.shards = spec.options.shards or settings.shards
+        self.client = connect(endpoints.redis_url)
+        self.authority = WatermarkAuthority(self.client, topology.app)
+        self.metrics_key = app_key(topology.app, "metrics", spec.name)
+        self.query: Any = None
+        self.internal_inputs = frozenset(s for s in spec.inputs if s not in topology.sources)
+        self.shard_config = ShardConfig(
+            bucket_ms=settings.bucket_seconds * 1000,
+            bloom_expected=settings.bloom_expected,
+            bloom_fp_rate=settings.bloom_fp_rate,
+            use_bloom=spec.options.use_bloom,
+        )
+        self.deliveries = self._deliveries()
+        self.last_batch: dict[str, Any] = {}
+
+    # --- wiring ------------------------------------------------------------------------------
+    def _deliveries(self) -> dict[str, tuple[Target, ...]]:
+        kafka = tuple(sorted(self.endpoints.kafka.items()))
+        out: dict[str, tuple[Target, ...]] = {}
+        for stream in self.spec.outputs:
+            targets: list[Target] = []
+            consumed = bool(self.topology.consumers_of(stream))
+            if consumed or stream not in self.topology.sinks or stream == DEAD_LETTERS:
+                targets.append(Target(InternalStreamSink(self.topology.topic_of(stream), kafka), 0))
+            if stream in self.topology.sinks:
+                targets.append(Target(UserSink(self.topology.sinks[stream]), len(targets)))
+            out[stream] = tuple(targets)
+        return out
+
+    def input_frame(self, spark: Any) -> Any:
+        """Union of this computation's input streams, each read by its injector(s)."""
+        app, name = self.topology.app, self.spec.name
+        frames = []
+        for stream in self.spec.inputs:
+            if stream in self.topology.sources:
+                for src in self.topology.sources[stream]:
+                    reader = spark.readStream.format(src.format).options(**src.options)
+                    if src.format == "millstream-kafka":
+                        reader = self._kafka_options(reader, has_topic=True)
+                    frames.append(
+                        reader.option("stream", stream)
+                        .option("instance", f"{src.name}@{name}")
+                        .option("app", app)
+                        .option("redis.url", self.endpoints.redis_url)
+                        .option("tickMs", str(max(100, self.settings.trigger_ms)))
+                        .option("idleSlackMs", str(self.settings.idle_slack_ms))
+                        .option("maxRecordsPerTrigger", str(self.settings.max_records_per_batch))
+                        .load()
+                    )
+            else:
+                reader = spark.readStream.format("millstream-kafka")
+                frames.append(
+                    self._kafka_options(reader, has_topic=False)
+                    .option("topics", self.topology.topic_of(stream))
+                    .option("stream", stream)
+                    .option("startingOffsets", self.spec.options.start)
+                    .option("idHeader", "ms-id")
+                    .option("tickMs", str(max(100, self.settings.trigger_ms)))
+                    .option("maxRecordsPerTrigger", str(self.settings.max_records_per_batch))
+                    .load()
+                )
+        return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+    def _kafka_options(self, reader: Any, *, has_topic: bool) -> Any:
+        kafka = dict(self.endpoints.kafka)
+        reader = reader.option("bootstrap.servers", kafka.pop("bootstrap.servers"))
+        for key, value in kafka.items():
+            reader = reader.option(f"kafka.{key}", value)
+        return reader
+
+    def start(self, spark: Any) -> Any:
+        checkpoint = f"{self.settings.checkpoint_dir}/{self.topology.app}/{self.spec.name}"
+        self.query = (
+            self.input_frame(spark)
+            .writeStream.queryName(f"{self.topology.app}.{self.spec.name}")
+            .foreachBatch(self.process_batch)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=f"{self.settings.trigger_ms} milliseconds")
+            .start()
+        )
+        return self.query
+
+    # --- the per-batch protocol ------------------------------------------------------------
+    def _consumed_key(self, stream: str) -> str:
+        return app_key(self.topology.app, "consumed", self.spec.name, stream)
+
+    def _consumed(self, stream: str) -> dict[int, int]:
+        raw = self.client.hgetall(self._consumed_key(stream))
+        return {int(k): int(v) for k, v in raw.items()}
+
+    def input_watermark(self) -> Watermark:
+        """min over input streams: injector estimates, or producers' watermarks and in-flight."""
+        parts: list[Watermark] = []
+        for stream in self.spec.inputs:
+            if stream in self.topology.sources:
+                instances = [f"{s.name}@{self.spec.name}" for s in self.topology.sources[stream]]
+                parts.append(self.authority.injector_watermark(stream, instances))
+                continue
+            for producer in self.topology.producer_of(stream):
+                parts.append(self.authority.published(producer) or NONE_KNOWN)
+            partitions = self.topology.partitions.get(stream, DEFAULT_PARTITIONS)
+            parts.append(self.authority.in_flight(stream, partitions, self._consumed(stream)))
+        return self.authority.publish(f"{self.spec.name}#input", merge_min(parts))
+
+    def process_batch(self, batch_df: Any, batch_id: int) -> None:
+        started = time.perf_counter()
+        input_wm = self.input_watermark()
+        now = now_ms()
+        plan = BatchPlan(
+            app=self.topology.app,
+            batch_id=batch_id,
+            redis_url=self.endpoints.redis_url,
+            shards=self.shards,
+            shard_config=self.shard_config,
+            input_watermark=input_wm,
+            gc_watermark=input_wm.system - self.settings.gc_slack_seconds * 1000,
+            now=now,
+            user_retries=self.settings.user_retries,
+            fail_stop=self.settings.on_user_error == "fail-stop",
+            internal_inputs=self.internal_inputs,
+            deliveries=self.deliveries,
+            in_flight_streams=frozenset(
+                s for s in self.spec.outputs if self.topology.consumers_of(s)
+            ),
+        )
+        spec, shards = self.spec, self.shards
+        extractors = dict(spec.inputs)
+        results: list[ShardResult] = (
+            batch_df.rdd.mapPartitions(functools.partial(_route, extractors, shards))
+            .partitionBy(shards, lambda s: s)
+            .mapPartitionsWithIndex(functools.partial(_shard_task, plan, spec))
+            .collect()
+        )
+        self._after_batch(batch_id, input_wm, results, time.perf_counter() - started)
+
+    def _after_batch(
+        self, batch_id: int, input_wm: Watermark, results: list[ShardResult], seconds: float
+    ) -> None:
+        totals: dict[str, int] = {}
+        consumed: dict[str, dict[int, int]] = {}
+        for result in results:
+            for name, amount in result.counters.items():
+                totals[name] = totals.get(name, 0) + amount
+            for stream, parts in result.consumed.items():
+                merged = consumed.setdefault(stream, {})
+                for partition, offset in parts.items():
+                    merged[partition] = max(merged.get(partition, 0), offset)
+        pipe = self.client.pipeline(transaction=False)
+        for stream, parts in consumed.items():
+            if stream in self.internal_inputs:
+                known = self._consumed(stream)
+                pipe.hset(
+                    self._consumed_key(stream),
+                    mapping={p: max(o, known.get(p, 0)) for p, o in parts.items()},
+                )
+        pipe.execute()
+        keys = [ShardKeys(self.topology.app, self.spec.name, s) for s in range(self.shards)]
+        oldest = oldest_work(self.client, keys)
+        published = self.authority.publish(self.spec.name, merge_min([input_wm, *oldest]))
+        pending = [w.event for w in oldest if w.event < INFINITY]
+        p99 = min(input_wm.event, percentile_watermark(pending, 0.99)) if pending else input_wm.event
+        self.last_batch = {
+            "batch_id": batch_id,
+            "seconds": round(seconds, 4),
+            "input_watermark": input_wm.event,
+            "low_watermark": published.event,
+            "p99_watermark": p99,
+            "round_trips": sum(r.round_trips for r in results),
+            "fenced_retries": sum(r.fenced_retries for r in results),
+            **totals,
+        }
+        pipe = self.client.pipeline(transaction=False)
+        for name, amount in totals.items():
+            pipe.hincrby(self.metrics_key, name, amount)
+        pipe.hincrby(self.metrics_key, "batches", 1)
+        pipe.hset(
+            self.metrics_key,
+            mapping={
+                "last_batch": json.dumps(self.last_batch),
+                "updated_at": now_ms(),
+            },
+        )
+        pipe.execute()
+        log.debug("%s batch %s: %s", self.spec.name, batch_id, self.last_batch)

@@ -1,0 +1,42 @@
+"""What the driver sends to every shard task of one micro-batch (picklable, small)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from millstream.state.shard import ShardConfig
+from millstream.state.watermarks import Watermark
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    app: str
+    batch_id: int
+    redis_url: str
+    shards: int
+    shard_config: ShardConfig
+    input_watermark: Watermark
+    gc_watermark: int
+    now: int
+    user_retries: int
+    fail_stop: bool
+    internal_inputs: frozenset[str]
+    deliveries: Mapping[str, object]  # stream -> sink factory (see connectors.delivery)
+    in_flight_streams: frozenset[str]  # streams whose deliveries hold consumers' watermarks
+
+
+@dataclass(frozen=True)
+class TaskInput:
+    """One routed row: the key (None when extraction failed) and why it cannot be processed."""
+
+    key: str | None
+    row: tuple
+    error: str | None
+
+
+def shard_of(key: str, shards: int) -> int:
+    """Stable across processes (Python's hash() is salted per process)."""
+    import mmh3
+
+    return mmh3.hash(key.encode("utf-8", "surrogatepass"), 0x4D5) % shards

@@ -1,0 +1,280 @@
+"""The executor side of DESIGN.md section 2, step 3: one shard of one micro-batch.
+
+acquire -> dedup -> run user code per key (records, then due timers) -> one guarded commit
+-> deliver checkpointed productions -> acknowledge them in a second guarded commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from millstream.connectors.computation import Computation, Context
+from millstream.connectors.delivery import deliver_all
+from millstream.connectors.plan import BatchPlan, TaskInput
+from millstream.connectors.serde import serde_named
+from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
+from millstream.errors import FencedError, MillstreamError
+from millstream.records import Production, Record, Timer
+from millstream.state.client import connect
+from millstream.state.keys import ShardKeys
+from millstream.state.shard import ShardStore, Verdict
+from millstream.state.timers import firing_order
+
+log = logging.getLogger(__name__)
+FENCED_RETRIES = 3
+
+# Column positions of injectors.schema.INJECTED_SCHEMA.
+STREAM, ID, KEY, VALUE, TS, SYSTEM, SOURCE, PARTITION, OFFSET, HEADERS, ERROR = range(11)
+
+
+@dataclass
+class ShardResult:
+    shard: int
+    counters: dict[str, int] = field(default_factory=dict)
+    consumed: dict[str, dict[int, int]] = field(default_factory=dict)  # stream -> partition -> next
+    round_trips: int = 0
+    fenced_retries: int = 0
+    seconds: float = 0.0
+
+
+def header(headers: Iterable[Any] | None, name: str) -> bytes | None:
+    for item in headers or ():
+        if item[0] == name:
+            return item[1]
+    return None
+
+
+def _int_header(raw: bytes | None) -> int | None:
+    if raw is None:
+        return None
+    return int(raw.decode()) if raw[:1].isdigit() or raw[:1] == b"-" else int.from_bytes(raw, "big")
+
+
+def to_record(item: TaskInput, internal: frozenset[str]) -> Record:
+    """Internal streams carry the production's id and system time in headers."""
+    row = item.row
+    rid, system_time = row[ID], row[SYSTEM]
+    if row[STREAM] in internal:
+        rid = header(row[HEADERS], "ms-id") or rid
+        system_time = _int_header(header(row[HEADERS], "ms-system-time")) or system_time
+    return Record(
+        key=item.key or "",
+        value=row[VALUE] or b"",
+        timestamp=row[TS],
+        id=rid,
+        system_time=system_time,
+        stream=row[STREAM],
+    )
+
+
+def dead_letter(
+    plan: BatchPlan, spec: ComputationSpec, key: str, reason: str, row: tuple | None, **extra: Any
+) -> Production:
+    """A dead-letter production: the reason, the computation, the key and the record's position."""
+    body: dict[str, Any] = {"computation": spec.name, "key": key, "error": reason, **extra}
+    if row is not None:
+        body.update(
+            stream=row[STREAM],
+            source=row[SOURCE],
+            partition=row[PARTITION],
+            offset=row[OFFSET],
+            record_id=(row[ID] or b"").hex(),
+            value=(row[VALUE] or b"").decode("utf-8", "backslashreplace"),
+            timestamp=row[TS],
+        )
+    return Production(
+        stream=DEAD_LETTERS,
+        key=key,
+        value=json.dumps(body, sort_keys=True).encode(),
+        timestamp=row[TS] if row is not None and row[TS] is not None else plan.now,
+        id=uuid.uuid4().bytes,
+        system_time=plan.now,
+    )
+
+
+class _KeyRunner:
+    """Runs user code for one shard, key by key, applying successful calls to the transaction."""
+
+    def __init__(self, plan: BatchPlan, spec: ComputationSpec, states: dict[str, bytes | None]):
+        self.plan = plan
+        self.spec = spec
+        self.states = states
+        self.serde = serde_named(spec.options.serde)
+        self.counters: dict[str, int] = {}
+
+    def count(self, name: str, amount: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + amount
+
+    def call(self, key: str, timestamp: int, fn: Any, arg: Record | Timer) -> Context | Exception:
+        """Call user code with retries; returns the successful context or the last error."""
+        error: Exception | None = None
+        for _ in range(self.plan.user_retries + 1):
+            ctx = Context(
+                key,
+                state=self.states.get(key),
+                serde=self.serde,
+                low_watermark=self.plan.input_watermark.event,
+                now=self.plan.now,
+                timestamp=timestamp,
+                outputs=self.spec.outputs,
+            )
+            try:
+                fn(ctx, arg)
+                ctx.state_effect()  # a state the serde cannot encode is a user error too
+                return ctx
+            except Exception as exc:  # noqa: BLE001 - user code: retried then dead-lettered
+                error = exc
+        assert error is not None
+        if self.plan.fail_stop:
+            raise MillstreamError(
+                f"computation {self.spec.name!r} failed on key {key!r} after "
+                f"{self.plan.user_retries} retries (MILLSTREAM_ON_USER_ERROR=fail-stop): {error!r}"
+            ) from error
+        return error
+
+
+def run_shard(plan: BatchPlan, spec: ComputationSpec, shard: int, items: list[TaskInput]) -> ShardResult:
+    """Entry point of a shard task; a fenced attempt re-runs from acquire (its writes were void)."""
+    started = time.perf_counter()
+    items.sort(key=lambda i: (i.row[STREAM], i.row[SOURCE], i.row[PARTITION], i.row[OFFSET]))
+    client = connect(plan.redis_url)
+    keys = ShardKeys(plan.app, spec.name, shard)
+    retries = 0
+    while True:
+        store = ShardStore(client, keys, plan.shard_config)
+        try:
+            result = _run_once(plan, spec, store, items)
+            break
+        except FencedError:
+            retries += 1
+            if retries >= FENCED_RETRIES:
+                raise
+            log.warning("shard %s fenced by a newer owner; re-running (attempt %d)", keys.tag, retries)
+    result.shard = shard
+    result.fenced_retries = retries
+    result.round_trips = store.round_trips
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _run_once(
+    plan: BatchPlan, spec: ComputationSpec, store: ShardStore, items: list[TaskInput]
+) -> ShardResult:
+    result = ShardResult(shard=store.keys.shard)
+    store.acquire()
+    pending = store.pending_productions()
+    records = [to_record(i, plan.internal_inputs) for i in items]
+    for item in items:
+        row = item.row
+        by_partition = result.consumed.setdefault(row[STREAM], {})
+        by_partition[row[PARTITION]] = max(by_partition.get(row[PARTITION], 0), row[OFFSET] + 1)
+
+    # 2. dedup
+    if spec.options.exactly_once and records:
+        verdicts = store.dedup([(r.id, r.system_time) for r in records], plan.gc_watermark)
+    else:
+        verdicts = [Verdict.NEW] * len(records)
+
+    # 3. user code
+    wm = plan.input_watermark.event
+    fresh = [(i, r) for i, r, v in zip(items, records, verdicts, strict=True) if v is Verdict.NEW]
+    keys_needed = [r.key for i, r in fresh if i.error is None]
+    states, due = store.load(keys_needed, wm, plan.now)
+    states = dict(states)
+    runner = _KeyRunner(plan, spec, states)
+    txn = store.begin()
+    for item, record in fresh:
+        if item.error is not None:
+            txn.checkpoint(dead_letter(plan, spec, record.key, item.error, item.row))
+            runner.count("dead_letters")
+            continue
+        if record.timestamp is not None and record.timestamp < wm:
+            runner.count("late")
+            if spec.options.late == "drop":
+                continue
+            record = dataclasses.replace(record, late=True)
+        outcome = runner.call(record.key, record.timestamp, spec.computation.process_record, record)
+        if isinstance(outcome, Exception):
+            txn.checkpoint(
+                dead_letter(plan, spec, record.key, f"{type(outcome).__name__}: {outcome}", item.row)
+            )
+            runner.count("dead_letters")
+            runner.count("user_errors")
+        else:
+            _apply(txn, runner, record.key, outcome)
+            runner.count("records")
+
+    for timer in firing_order(due):
+        if txn.has_timer_op(timer.key, timer.tag) and txn.timer_op(timer.key, timer.tag) != (
+            timer.domain,
+            timer.time,
+        ):
+            continue  # moved or deleted by a record of this batch: not due as loaded
+        txn.delete_timer(timer.key, timer.tag)
+        outcome = runner.call(timer.key, timer.time, spec.computation.process_timer, timer)
+        if isinstance(outcome, Exception):
+            txn.checkpoint(
+                dead_letter(
+                    plan, spec, timer.key, f"{type(outcome).__name__}: {outcome}", None,
+                    timer={"tag": timer.tag, "time": timer.time, "domain": timer.domain.value},
+                )
+            )
+            runner.count("dead_letters")
+            runner.count("user_errors")
+        else:
+            _apply(txn, runner, timer.key, outcome)
+            runner.count("timers_fired")
+
+    # 4. commit
+    txn.add_ids([(store.bucket_of(r.system_time), r.id) for _, r in fresh])
+    drop = store.gc_buckets(plan.gc_watermark)
+    if drop:
+        txn.drop_buckets(drop)
+    stats = store.dedup_stats
+    runner.count("duplicates", stats.duplicates)
+    runner.count("remnants", stats.remnants)
+    runner.count("catalog_reads", stats.catalog_reads)
+    runner.count("lookups_avoided", stats.lookups_avoided)
+    runner.count("false_positives", stats.false_positives)
+    runner.count("productions", len(txn.productions))
+    for name, amount in runner.counters.items():
+        txn.count(name, amount)
+    if not txn.is_empty():
+        store.commit(txn)
+
+    # 5. deliver, then 6. acknowledge
+    outstanding = {p.id: p for p in [*pending, *txn.productions]}
+    if outstanding:
+        delivered = deliver_all(plan, spec.name, store.keys.shard, list(outstanding.values()))
+        ack = store.begin()
+        ack.ack(delivered)
+        ack.count("delivered", len(delivered))
+        store.commit(ack)
+        runner.count("delivered", len(delivered))
+        runner.count("redelivered", len(pending))
+    result.counters = runner.counters
+    return result
+
+
+def _apply(txn: Any, runner: _KeyRunner, key: str, ctx: Context) -> None:
+    changed, blob = ctx.state_effect()
+    if changed:
+        runner.states[key] = blob
+        if blob is None:
+            txn.delete_state(key)
+        else:
+            txn.set_state(key, blob)
+    for tag, spec in ctx.timer_ops.items():
+        if spec is None:
+            txn.delete_timer(key, tag)
+        else:
+            txn.set_timer(key, tag, spec[1], spec[0])
+    for production in ctx.productions:
+        txn.checkpoint(production)

@@ -1,0 +1,48 @@
+"""Internal stream topics: created with a sensible partition count when missing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from millstream.errors import ConfigurationError, TransientError
+
+# Explicit retention: some clients fail on topics whose config lacks it (INFRA.md).
+TOPIC_CONFIG = {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"}
+
+
+def ensure_topics(kafka: Mapping[str, str], topics: Mapping[str, int], timeout: float = 30.0) -> None:
+    """Create each missing topic with its partition count; existing topics are left as they are."""
+    admin = AdminClient(dict(kafka))
+    try:
+        existing = set(admin.list_topics(timeout=timeout).topics)
+    except Exception as exc:  # noqa: BLE001 - librdkafka raises KafkaException variants
+        raise TransientError(
+            f"Kafka at {kafka.get('bootstrap.servers')} is unreachable ({exc}); "
+            "check KAFKA_BOOTSTRAP_SERVERS and that the broker runs."
+        ) from None
+    missing = [
+        NewTopic(name, num_partitions=parts, replication_factor=-1, config=dict(TOPIC_CONFIG))
+        for name, parts in topics.items()
+        if name not in existing
+    ]
+    if not missing:
+        return
+    for name, future in admin.create_topics(missing, operation_timeout=timeout).items():
+        try:
+            future.result()
+        except Exception as exc:  # noqa: BLE001
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise ConfigurationError(
+                    f"cannot create topic {name!r} ({exc}): create it yourself or grant "
+                    "CreateTopics on the cluster"
+                ) from None
+    deadline = time.monotonic() + timeout
+    wanted = {t.topic for t in missing}
+    while time.monotonic() < deadline:
+        if wanted <= set(admin.list_topics(timeout=timeout).topics):
+            return
+        time.sleep(0.1)
+    raise TransientError(f"topics {sorted(wanted)} were not visible after {timeout:.0f}s")

@@ -1,0 +1,198 @@
+"""A topology declared in Python: streams, their injectors, computations and sinks.
+
+Validated before anything starts, with errors that say what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from millstream.connectors.computation import Computation
+from millstream.connectors.serde import SERDES
+from millstream.errors import ConfigurationError
+
+KeyExtractor = Callable[[bytes | None, bytes], str]
+DEAD_LETTERS = "dead-letters"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def record_key(key: bytes | None, value: bytes) -> str:
+    """The default key extractor: the Kafka record key, which must be UTF-8."""
+    if key is None:
+        raise ValueError("record has no key: declare a key extractor for this stream")
+    return key.decode("utf-8")
+
+
+def json_field(name: str) -> KeyExtractor:
+    """A key extractor that reads one field of a JSON object value."""
+
+    def extract(key: bytes | None, value: bytes) -> str:
+        return str(json.loads(value)[name])
+
+    extract.__name__ = f"json_field_{name}"
+    return extract
+
+
+@dataclass(frozen=True)
+class ComputationOptions:
+    """MillWheel section 6.1.3 knobs, per computation."""
+
+    exactly_once: bool = True
+    productions: Literal["strong", "weak"] = "strong"
+    late: Literal["drop", "flag"] = "drop"
+    shards: int | None = None  # None: MILLSTREAM_SHARDS
+    serde: str = "json"
+    start: Literal["earliest", "latest"] = "earliest"
+    use_bloom: bool = True
+
+    def validate(self, name: str) -> None:
+        if self.productions not in ("strong", "weak"):
+            raise ConfigurationError(f"computation {name!r}: productions must be 'strong' or 'weak'")
+        if self.late not in ("drop", "flag"):
+            raise ConfigurationError(f"computation {name!r}: late must be 'drop' or 'flag'")
+        if self.shards is not None and not 1 <= self.shards <= 4096:
+            raise ConfigurationError(f"computation {name!r}: shards must be 1-4096")
+        if self.serde not in SERDES:
+            raise ConfigurationError(
+                f"computation {name!r}: unknown serde {self.serde!r}; use one of {sorted(SERDES)}"
+            )
+        if self.start not in ("earliest", "latest"):
+            raise ConfigurationError(f"computation {name!r}: start must be 'earliest' or 'latest'")
+
+
+@dataclass(frozen=True)
+class Source:
+    """An injector feeding a stream: a Spark data source format plus its options."""
+
+    name: str
+    format: str
+    options: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class ComputationSpec:
+    name: str
+    computation: Computation
+    inputs: Mapping[str, KeyExtractor]
+    outputs: frozenset[str]
+    options: ComputationOptions
+
+
+@dataclass
+class Topology:
+    """The application graph. Build it, then hand it to `millstream.run`."""
+
+    app: str
+    sources: dict[str, list[Source]] = field(default_factory=dict)
+    computations: dict[str, ComputationSpec] = field(default_factory=dict)
+    sinks: dict[str, Any] = field(default_factory=dict)
+    partitions: dict[str, int] = field(default_factory=dict)
+
+    def source(self, stream: str, *sources: Source) -> Topology:
+        """Declare an injected stream fed by one or more injectors (e.g. two datacenters)."""
+        _check_name("stream", stream)
+        if not sources:
+            raise ConfigurationError(f"stream {stream!r}: give at least one source")
+        if stream in self.sources:
+            raise ConfigurationError(f"stream {stream!r} is declared twice")
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"stream {stream!r}: source names must differ, got {names}")
+        self.sources[stream] = list(sources)
+        return self
+
+    def computation(
+        self,
+        name: str,
+        computation: Computation,
+        *,
+        inputs: Mapping[str, KeyExtractor | None] | Sequence[str],
+        outputs: Sequence[str] = (),
+        options: ComputationOptions | None = None,
+        **option_overrides: Any,
+    ) -> Topology:
+        """Add a computation: inputs map each stream to this consumer's key extractor."""
+        _check_name("computation", name)
+        if name in self.computations:
+            raise ConfigurationError(f"computation {name!r} is declared twice")
+        if not isinstance(computation, Computation):
+            raise ConfigurationError(
+                f"computation {name!r}: expected a Computation instance, got {computation!r}"
+            )
+        if not isinstance(inputs, Mapping):
+            inputs = dict.fromkeys(inputs)
+        if not inputs:
+            raise ConfigurationError(f"computation {name!r} has no input streams")
+        extractors = {s: (fn or record_key) for s, fn in inputs.items()}
+        opts = options or ComputationOptions()
+        if option_overrides:
+            try:
+                opts = ComputationOptions(**{**opts.__dict__, **option_overrides})
+            except TypeError as exc:
+                raise ConfigurationError(f"computation {name!r}: {exc}") from None
+        opts.validate(name)
+        for stream in outputs:
+            _check_name("stream", stream)
+        self.computations[name] = ComputationSpec(
+            name, computation, extractors, frozenset(outputs) | {DEAD_LETTERS}, opts
+        )
+        return self
+
+    def sink(self, stream: str, sink: Any) -> Topology:
+        """Deliver a stream's productions to an external target (exactly-once where it allows)."""
+        if stream in self.sinks:
+            raise ConfigurationError(f"stream {stream!r} already has a sink")
+        self.sinks[stream] = sink
+        return self
+
+    # --- queries -----------------------------------------------------------------------------
+    def producer_of(self, stream: str) -> list[str]:
+        return [c.name for c in self.computations.values() if stream in c.outputs]
+
+    def consumers_of(self, stream: str) -> list[str]:
+        return [c.name for c in self.computations.values() if stream in c.inputs]
+
+    def internal_streams(self) -> list[str]:
+        """Streams produced by computations: each is a Kafka topic named by `topic_of`."""
+        out: set[str] = set()
+        for spec in self.computations.values():
+            out |= spec.outputs
+        return sorted(out)
+
+    def topic_of(self, stream: str) -> str:
+        return f"{self.app}.{stream}"
+
+    def validate(self) -> None:
+        """Raise ConfigurationError for unknown streams, cycles without input, bad sinks."""
+        _check_name("app", self.app)
+        if not self.computations:
+            raise ConfigurationError("the topology has no computations: add one with .computation()")
+        produced = set(self.internal_streams())
+        for spec in self.computations.values():
+            for stream in spec.inputs:
+                if stream not in self.sources and stream not in produced:
+                    raise ConfigurationError(
+                        f"computation {spec.name!r} reads unknown stream {stream!r}: declare it "
+                        f"with .source() or as another computation's output"
+                    )
+                if stream in self.sources and stream in produced:
+                    raise ConfigurationError(
+                        f"stream {stream!r} is both injected and produced: rename one of them"
+                    )
+        for stream in self.sinks:
+            if stream not in produced:
+                raise ConfigurationError(
+                    f"sink on stream {stream!r}, which no computation produces: "
+                    f"add it to a computation's outputs"
+                )
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigurationError(
+            f"{kind} name {name!r} is invalid: use letters, digits, '_', '.', '-' (max 100)"
+        )

@@ -1,0 +1,153 @@
+"""The `millstream` command: run topologies, the demo, status, embedded infrastructure."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from millstream.errors import ConfigurationError, MillstreamError
+
+
+def _load_topology(target: str) -> Any:
+    from millstream.connectors.topology import Topology
+
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ConfigurationError(f"expected module:attribute, got {target!r} (e.g. myapp.pipeline:topology)")
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+    value = getattr(module, attr, None)
+    if value is None:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}")
+    topology = value() if callable(value) and not isinstance(value, Topology) else value
+    if not isinstance(topology, Topology):
+        raise ConfigurationError(f"{target} is a {type(topology).__name__}, expected a Topology")
+    return topology
+
+
+def _cmd_version(_: argparse.Namespace) -> int:
+    from millstream import __version__
+
+    print(f"millstream {__version__}")
+    return 0
+
+
+def _cmd_infra(args: argparse.Namespace) -> int:
+    from millstream import embedded
+    from millstream.settings import Settings
+
+    settings = Settings.from_env()
+    folder = Path(settings.state_dir) / "embedded"
+    if args.action == "up":
+        print(json.dumps(embedded.infra_up(folder), indent=2))
+    elif args.action == "down":
+        stopped = embedded.infra_down(folder)
+        print("stopped" if stopped else "nothing was running")
+    else:
+        print(json.dumps(embedded.infra_status(folder), indent=2))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from millstream.connectors.app import run
+    from millstream.settings import Settings
+
+    settings = Settings.from_env()
+    topology = _load_topology(args.target)
+    topology.validate()
+    run(topology, settings)
+    return 0
+
+
+def _redis_for_status() -> str:
+    from millstream import embedded
+    from millstream.settings import Settings
+
+    settings = Settings.from_env()
+    if settings.redis_url:
+        return settings.redis_url
+    state = embedded.infra_status(Path(settings.state_dir) / "embedded")
+    if state.get("up") and state.get("redis_url"):
+        return str(state["redis_url"])
+    raise ConfigurationError("REDIS_URL is not set and no embedded Redis runs (millstream infra up)")
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from millstream.settings import Settings
+    from millstream.state.client import connect
+    from millstream.status import status
+
+    app = args.app or Settings.from_env().app
+    snapshot = status(connect(_redis_for_status()), app)
+    if args.json:
+        print(json.dumps(snapshot, indent=2))
+        return 0
+    rows = snapshot["computations"]
+    if not rows:
+        print(f"app {app!r}: no computation has committed a batch yet")
+        return 0
+    print(f"app {app}")
+    for name, row in rows.items():
+        lag = row["lag_ms"]
+        print(
+            f"  {name}: low watermark lag {lag if lag is not None else '-'} ms, "
+            f"batch {row['last_batch_seconds']} s, records {row['records']}, "
+            f"duplicates {row['duplicates_dropped']}, late {row['late_records']}, "
+            f"dead letters {row['dead_letters']}, lookups avoided {row['catalog_lookups_avoided']}, "
+            f"pending productions {row['pending_productions']}, timers {row['timers_pending']}"
+        )
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from millstream.demo.cli import main as demo_main
+
+    return demo_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="millstream",
+        description="Exactly-once, MillWheel-style stream processing on Spark, Kafka and Redis.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("version", help="print the version").set_defaults(func=_cmd_version)
+    infra = sub.add_parser("infra", help="embedded Redis and Kafka for local use")
+    infra.add_argument("action", choices=["up", "down", "status"])
+    infra.set_defaults(func=_cmd_infra)
+    run = sub.add_parser("run", help="run a topology until Ctrl-C or SIGTERM")
+    run.add_argument("target", help="module:attribute naming a Topology (or a function returning one)")
+    run.set_defaults(func=_cmd_run)
+    st = sub.add_parser("status", help="watermarks, lag and counters per computation")
+    st.add_argument("--app", help="application name (default MILLSTREAM_APP)")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.set_defaults(func=_cmd_status)
+    demo = sub.add_parser("demo", help="the Zeitgeist anomaly-detection demo, verified")
+    from millstream.demo.options import add_arguments
+
+    add_arguments(demo)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except MillstreamError as exc:
+        print(f"millstream: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""The error hierarchy: one root, leaves named for what the caller must do."""
+
+from __future__ import annotations
+
+
+class MillstreamError(Exception):
+    """Root of every error millstream raises on purpose."""
+
+
+class ConfigurationError(MillstreamError):
+    """Bad settings or topology: fix the configuration and start again."""
+
+
+class FencedError(MillstreamError):
+    """The shard's lease moved to a newer owner: this writer is a zombie.
+
+    Never retried. The newer owner re-runs the work; this one must stop.
+    """
+
+
+class TransientError(MillstreamError):
+    """Redis or Kafka was unavailable or slow: retrying later is right."""
+
+
+class PoisonRecordError(MillstreamError):
+    """A record that cannot be processed: it goes to the dead-letter stream."""
+
+
+class DependencyMissingError(ConfigurationError):
+    """An optional dependency or system program is missing; the message says how to install it."""

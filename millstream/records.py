@@ -1,0 +1,64 @@
+"""Value types shared by every layer: records, timers and productions (MillWheel section 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class TimeDomain(str, Enum):
+    """Which clock a timer follows: the input low watermark (event) or the wall clock (wall)."""
+
+    EVENT = "event"
+    WALL = "wall"
+
+    @classmethod
+    def parse(cls, value: str | TimeDomain) -> TimeDomain:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown time domain {value!r}: use 'event' or 'wall'") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One input record, as user code sees it.
+
+    `id` and `system_time` are stable across every redelivery: they drive deduplication and
+    catalog garbage collection. `timestamp` is event time in ms: it drives windows and timers.
+    """
+
+    key: str
+    value: bytes
+    timestamp: int
+    id: bytes
+    system_time: int
+    stream: str = ""
+    late: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """A timer that came due: fired once, its deletion committed with the effects of the firing."""
+
+    key: str
+    tag: str
+    time: int
+    domain: TimeDomain = TimeDomain.EVENT
+
+
+@dataclass(frozen=True, slots=True)
+class Production:
+    """A record a computation emitted, checkpointed with a unique id before delivery.
+
+    `seq` increases per shard in commit order, so a sink can remember "delivered up to seq".
+    """
+
+    stream: str
+    key: str
+    value: bytes
+    timestamp: int
+    id: bytes
+    system_time: int
+    seq: int = 0
+    headers: tuple[tuple[str, bytes], ...] = field(default=())

@@ -1,0 +1,231 @@
+"""Settings: read from the environment in exactly one place, validated at start-up."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from millstream.errors import ConfigurationError
+
+T = TypeVar("T")
+
+# (variable, default shown in the README, meaning); the README table is checked against this.
+VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("KAFKA_BOOTSTRAP_SERVERS", "(embedded broker)", "Kafka bootstrap servers, host:port[,host:port]."),
+    ("REDIS_URL", "(embedded redis-server)", "Redis URL: redis://, rediss:// (TLS) or unix://."),
+    ("MILLSTREAM_APP", "millstream", "Application name; namespaces Redis keys and Kafka topics."),
+    ("MILLSTREAM_SPARK_MASTER", "local[2]", "Spark master URL."),
+    ("MILLSTREAM_CHECKPOINT_DIR", ".millstream/checkpoints", "Spark streaming checkpoints."),
+    ("MILLSTREAM_SHARDS", "8", "Default shard (key interval) count per computation, 1-4096."),
+    ("MILLSTREAM_TRIGGER_MS", "200", "Micro-batch trigger interval in milliseconds."),
+    ("MILLSTREAM_MAX_RECORDS_PER_BATCH", "200000", "Admission control: records per batch."),
+    ("MILLSTREAM_BUCKET_SECONDS", "600", "Record-id catalog bucket width (system time)."),
+    ("MILLSTREAM_GC_SLACK_SECONDS", "3600", "Late-arrival slack before catalog buckets are dropped."),
+    ("MILLSTREAM_BLOOM_EXPECTED", "200000", "Expected record ids per shard and bucket."),
+    ("MILLSTREAM_BLOOM_FP_RATE", "0.001", "Target Bloom filter false-positive rate."),
+    ("MILLSTREAM_IDLE_SLACK_MS", "2000", "Idle Kafka partitions: watermark follows now minus this."),
+    ("MILLSTREAM_USER_RETRIES", "3", "Retries of user code before a record is dead-lettered."),
+    ("MILLSTREAM_ON_USER_ERROR", "dead-letter", "dead-letter or fail-stop."),
+    ("MILLSTREAM_EMBEDDED", "auto", "auto: start embedded Redis/Kafka when unset; never: fail."),
+    ("MILLSTREAM_STATE_DIR", ".millstream", "Working folder for embedded services and outputs."),
+    ("MILLSTREAM_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
+    ("MILLSTREAM_KAFKA_*", "(none)", "Passed to Kafka clients: MILLSTREAM_KAFKA_SASL_USERNAME -> sasl.username."),
+    ("MILLSTREAM_TEST_*", "(none)", "Test-suite only: MILLSTREAM_TEST_REDIS_IMAGE, MILLSTREAM_TEST_KAFKA_IMAGE."),
+)
+_KNOWN = {name for name, _, _ in VARIABLES if not name.endswith("*")}
+_PREFIXES = ("MILLSTREAM_KAFKA_", "MILLSTREAM_TEST_")
+_SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "KEY_PASSWORD", "JAAS")
+
+
+def mask_url(url: str | None) -> str | None:
+    """Hide the password of a URL such as redis://user:pw@host:6379/0."""
+    if not url or "@" not in url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _is_secret(name: str) -> bool:
+    return any(word in name.upper() for word in _SECRET_WORDS)
+
+
+def _parse(env: Mapping[str, str], name: str, default: str, conv: Callable[[str], T], hint: str) -> T:
+    raw = env.get(name, default).strip()
+    try:
+        return conv(raw)
+    except (ValueError, TypeError):
+        raise ConfigurationError(f"{name}={raw!r} is invalid: expected {hint}.") from None
+
+
+def _bounded_int(lo: int, hi: int) -> Callable[[str], int]:
+    def conv(raw: str) -> int:
+        value = int(raw)
+        if not lo <= value <= hi:
+            raise ValueError(raw)
+        return value
+
+    return conv
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def conv(raw: str) -> str:
+        if raw.lower() not in allowed:
+            raise ValueError(raw)
+        return raw.lower()
+
+    return conv
+
+
+def _fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0.0 < value < 0.5:
+        raise ValueError(raw)
+    return value
+
+
+def validate_redis_url(url: str) -> str:
+    """Reject a malformed REDIS_URL with a message that says what a good one looks like."""
+    parts = urlsplit(url)
+    hint = "a URL like redis://localhost:6379/0, rediss://host:6380 or unix:///path/redis.sock"
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigurationError(f"REDIS_URL={mask_url(url)!r} is invalid: expected {hint}.")
+    if parts.scheme != "unix":
+        try:
+            port = parts.port
+        except ValueError:
+            raise ConfigurationError(f"REDIS_URL={mask_url(url)!r} has a bad port: expected {hint}.") from None
+        if not parts.hostname or (port is not None and not 0 < port < 65536):
+            raise ConfigurationError(f"REDIS_URL={mask_url(url)!r} is invalid: expected {hint}.")
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise ConfigurationError(f"REDIS_URL={mask_url(url)!r}: database {db!r} is not a number.")
+    return url
+
+
+_HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def validate_bootstrap(servers: str) -> str:
+    for item in servers.split(","):
+        match = _HOSTPORT.match(item.strip().removeprefix("PLAINTEXT://").removeprefix("SSL://"))
+        if not match or not 0 < int(match.group(2)) < 65536:
+            raise ConfigurationError(
+                f"KAFKA_BOOTSTRAP_SERVERS={servers!r} is invalid at {item!r}: "
+                "expected host:port[,host:port], e.g. localhost:9092."
+            )
+    return servers
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob millstream reads from the environment; build with `Settings.from_env()`."""
+
+    kafka_bootstrap_servers: str | None = None
+    redis_url: str | None = None
+    app: str = "millstream"
+    spark_master: str = "local[2]"
+    checkpoint_dir: str = ".millstream/checkpoints"
+    shards: int = 8
+    trigger_ms: int = 200
+    max_records_per_batch: int = 200_000
+    bucket_seconds: int = 600
+    gc_slack_seconds: int = 3600
+    bloom_expected: int = 200_000
+    bloom_fp_rate: float = 0.001
+    idle_slack_ms: int = 2000
+    user_retries: int = 3
+    on_user_error: str = "dead-letter"
+    embedded: str = "auto"
+    state_dir: str = ".millstream"
+    log_level: str = "INFO"
+    kafka_extra: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read and validate; raises ConfigurationError naming the variable and the fix."""
+        env = os.environ if environ is None else environ
+        unknown = sorted(
+            k for k in env if k.startswith("MILLSTREAM_") and k not in _KNOWN and not k.startswith(_PREFIXES)
+        )
+        if unknown:
+            raise ConfigurationError(
+                f"unknown variable {unknown[0]}: see the README's configuration table for valid names."
+            )
+        redis_url = env.get("REDIS_URL") or None
+        bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS") or None
+        app = env.get("MILLSTREAM_APP", "millstream")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", app):
+            raise ConfigurationError(
+                f"MILLSTREAM_APP={app!r} is invalid: use 1-64 letters, digits, '_', '.' or '-'."
+            )
+        extra = {
+            k.removeprefix("MILLSTREAM_KAFKA_").lower().replace("_", "."): v
+            for k, v in env.items()
+            if k.startswith("MILLSTREAM_KAFKA_")
+        }
+        return cls(
+            kafka_bootstrap_servers=validate_bootstrap(bootstrap) if bootstrap else None,
+            redis_url=validate_redis_url(redis_url) if redis_url else None,
+            app=app,
+            spark_master=env.get("MILLSTREAM_SPARK_MASTER", "local[2]"),
+            checkpoint_dir=env.get("MILLSTREAM_CHECKPOINT_DIR", ".millstream/checkpoints"),
+            shards=_parse(env, "MILLSTREAM_SHARDS", "8", _bounded_int(1, 4096), "an integer 1-4096"),
+            trigger_ms=_parse(env, "MILLSTREAM_TRIGGER_MS", "200", _bounded_int(0, 3_600_000), "milliseconds"),
+            max_records_per_batch=_parse(
+                env, "MILLSTREAM_MAX_RECORDS_PER_BATCH", "200000", _bounded_int(1, 10**9), "a positive integer"
+            ),
+            bucket_seconds=_parse(
+                env, "MILLSTREAM_BUCKET_SECONDS", "600", _bounded_int(1, 86_400), "seconds, 1-86400"
+            ),
+            gc_slack_seconds=_parse(
+                env, "MILLSTREAM_GC_SLACK_SECONDS", "3600", _bounded_int(0, 30 * 86_400), "seconds"
+            ),
+            bloom_expected=_parse(
+                env, "MILLSTREAM_BLOOM_EXPECTED", "200000", _bounded_int(1, 10**9), "a positive integer"
+            ),
+            bloom_fp_rate=_parse(env, "MILLSTREAM_BLOOM_FP_RATE", "0.001", _fraction, "a rate in (0, 0.5)"),
+            idle_slack_ms=_parse(
+                env, "MILLSTREAM_IDLE_SLACK_MS", "2000", _bounded_int(0, 86_400_000), "milliseconds"
+            ),
+            user_retries=_parse(env, "MILLSTREAM_USER_RETRIES", "3", _bounded_int(0, 100), "an integer 0-100"),
+            on_user_error=_parse(
+                env, "MILLSTREAM_ON_USER_ERROR", "dead-letter", _choice("dead-letter", "fail-stop"),
+                "dead-letter or fail-stop",
+            ),
+            embedded=_parse(env, "MILLSTREAM_EMBEDDED", "auto", _choice("auto", "never"), "auto or never"),
+            state_dir=env.get("MILLSTREAM_STATE_DIR", ".millstream"),
+            log_level=_parse(
+                env, "MILLSTREAM_LOG_LEVEL", "INFO", lambda s: _choice("debug", "info", "warning", "error")(s).upper(),
+                "DEBUG, INFO, WARNING or ERROR",
+            ),
+            kafka_extra=extra,
+        )
+
+    def kafka_config(self) -> dict[str, str]:
+        """librdkafka settings every client shares: bootstrap servers plus pass-through security."""
+        if not self.kafka_bootstrap_servers:
+            raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS is not set and no embedded broker is running.")
+        return {"bootstrap.servers": self.kafka_bootstrap_servers, **self.kafka_extra}
+
+    def describe(self) -> dict[str, Any]:
+        """A printable view with every secret masked."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "redis_url":
+                value = mask_url(value)
+            elif f.name == "kafka_extra":
+                value = {k: ("***" if _is_secret(k.replace(".", "_")) else v) for k, v in value.items()}
+            out[f.name] = value
+        return out
+
+    def __repr__(self) -> str:
+        return f"Settings({self.describe()!r})"

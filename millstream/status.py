@@ -1,0 +1,59 @@
+"""What `millstream status` shows: per computation watermarks, lag, throughput and backlog."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from millstream.state.keys import ShardKeys, app_key
+from millstream.state.watermarks import INFINITY, UNKNOWN, WatermarkAuthority, now_ms
+
+
+def computations_of(client: Any, app: str) -> list[str]:
+    prefix = app_key(app, "metrics", "")
+    names = [k.decode()[len(prefix) :] for k in client.scan_iter(match=prefix + "*", count=1000)]
+    return sorted(names)
+
+
+def status(client: Any, app: str) -> dict[str, Any]:
+    """A JSON-able snapshot; never includes URLs or credentials."""
+    authority = WatermarkAuthority(client, app)
+    now = now_ms()
+    out: dict[str, Any] = {"app": app, "at": now, "computations": {}}
+    for name in computations_of(client, app):
+        metrics = {k.decode(): v.decode() for k, v in client.hgetall(app_key(app, "metrics", name)).items()}
+        last = json.loads(metrics.pop("last_batch", "{}"))
+        shards = _shard_count(client, app, name)
+        pipe = client.pipeline(transaction=False)
+        for shard in range(shards):
+            keys = ShardKeys(app, name, shard)
+            pipe.zcard(keys.production_times)
+            pipe.zcard(keys.timers("event"))
+            pipe.zcard(keys.timers("wall"))
+        counts = pipe.execute() if shards else []
+        wm = authority.published(name)
+        low = wm.event if wm else None
+        out["computations"][name] = {
+            "low_watermark": low,
+            "lag_ms": (now - low) if low is not None and UNKNOWN < low < INFINITY else None,
+            "p99_watermark": last.get("p99_watermark"),
+            "last_batch_seconds": last.get("seconds"),
+            "batches": int(metrics.get("batches", 0)),
+            "records": int(metrics.get("records", 0)),
+            "duplicates_dropped": int(metrics.get("duplicates", 0)) + int(metrics.get("remnants", 0)),
+            "late_records": int(metrics.get("late", 0)),
+            "dead_letters": int(metrics.get("dead_letters", 0)),
+            "catalog_lookups_avoided": int(metrics.get("lookups_avoided", 0)),
+            "catalog_reads": int(metrics.get("catalog_reads", 0)),
+            "pending_productions": sum(counts[0::3]),
+            "timers_pending": sum(counts[1::3]) + sum(counts[2::3]),
+            "shards": shards,
+        }
+    return out
+
+
+def _shard_count(client: Any, app: str, name: str) -> int:
+    shards = 0
+    while client.exists(ShardKeys(app, name, shards).sequencer):
+        shards += 1
+    return shards

@@ -1,0 +1,78 @@
+"""Redis key layout: everything of one (app, computation, shard) shares one hash tag.
+
+One MULTI/EXEC then touches one Redis Cluster slot, so the design runs on Cluster unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    app: str
+    computation: str
+    shard: int
+
+    @property
+    def tag(self) -> str:
+        return f"ms:{{{self.app}:{self.computation}:{self.shard}}}"
+
+    @property
+    def sequencer(self) -> str:
+        """The lease: INCR makes a new token current; commits check it."""
+        return f"{self.tag}:seq"
+
+    @property
+    def version(self) -> str:
+        """Count of commits; a worker whose soft state has this version is current."""
+        return f"{self.tag}:ver"
+
+    @property
+    def state(self) -> str:
+        return f"{self.tag}:state"
+
+    def timers(self, domain: str) -> str:
+        return f"{self.tag}:timers:{domain}"
+
+    def catalog(self, bucket: int) -> str:
+        return f"{self.tag}:cat:{bucket}"
+
+    @property
+    def buckets(self) -> str:
+        """Sorted set of live catalog buckets, for garbage collection of whole buckets."""
+        return f"{self.tag}:buckets"
+
+    @property
+    def commit_log(self) -> str:
+        """Hash version -> ids and keys a commit wrote: lets other workers sync soft state cheaply."""
+        return f"{self.tag}:log"
+
+    @property
+    def productions(self) -> str:
+        """Hash production id -> checkpointed production awaiting delivery."""
+        return f"{self.tag}:prod"
+
+    @property
+    def production_times(self) -> str:
+        """Sorted set production id -> event time: the oldest pending production, cheaply."""
+        return f"{self.tag}:prodts"
+
+    @property
+    def production_system_times(self) -> str:
+        """Sorted set production id -> system (checkpoint) time: holds downstream catalog GC."""
+        return f"{self.tag}:prodsys"
+
+    @property
+    def production_seq(self) -> str:
+        return f"{self.tag}:prodseq"
+
+    @property
+    def counters(self) -> str:
+        """Hash of per-shard metrics (records, duplicates, late, ...), updated in commits."""
+        return f"{self.tag}:metrics"
+
+
+def app_key(app: str, *parts: str) -> str:
+    """Keys of the application (watermark authority, registry); tagged per app."""
+    return ":".join((f"ms:{{{app}}}", *parts))

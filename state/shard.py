@@ -1,0 +1,311 @@
+"""One shard's view of the store: acquire, sync soft state, dedup, read state and timers, commit.
+
+Round trips per shard and batch are constant: acquire (1, plus 1 to sync soft state when another
+worker committed the shard), dedup (1, only for Bloom "maybe" answers), state and timers (1),
+commit (3: WATCH, check, EXEC), whatever the number of records.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from millstream.records import Production, TimeDomain, Timer
+from millstream.state import _codec
+from millstream.state.bloom import BucketedBloom
+from millstream.state.keys import ShardKeys
+from millstream.state.lease import Lease
+from millstream.state.timers import parse_timer
+from millstream.state.transaction import COMMIT_LOG_KEEP, ShardTransaction
+from millstream.state.watermarks import NO_WORK, Watermark
+from millstream.state.wire import decode_production
+
+STATE_CACHE_LIMIT = 100_000  # cached per-key states per shard before the cache is cleared
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    bucket_ms: int = 600_000
+    bloom_expected: int = 200_000
+    bloom_fp_rate: float = 0.001
+    use_bloom: bool = True
+
+
+class Verdict(Enum):
+    NEW = "new"
+    DUPLICATE = "duplicate"
+    REMNANT = "remnant"  # older than the GC watermark: a known duplicate, dropped and counted
+
+
+@dataclass
+class DedupStats:
+    checked: int = 0
+    duplicates: int = 0
+    remnants: int = 0
+    catalog_reads: int = 0
+    lookups_avoided: int = 0
+    false_positives: int = 0
+
+
+@dataclass
+class ShardSoftState:
+    """What a worker process remembers of a shard between batches; valid only at `version`."""
+
+    version: int
+    bloom: BucketedBloom | None
+    states: dict[str, bytes | None] = field(default_factory=dict)
+    rebuilds: int = 0
+    synced_commits: int = 0
+    synced_ids: int = 0
+
+
+class SoftStateCache:
+    """Per-process soft state of shards (MillWheel 8.3's framework-level cache)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shards: dict[ShardKeys, ShardSoftState] = {}
+
+    def get(self, keys: ShardKeys) -> ShardSoftState | None:
+        with self._lock:
+            return self._shards.get(keys)
+
+    def put(self, keys: ShardKeys, soft: ShardSoftState) -> None:
+        with self._lock:
+            self._shards[keys] = soft
+
+    def drop(self, keys: ShardKeys) -> None:
+        with self._lock:
+            self._shards.pop(keys, None)
+
+
+PROCESS_CACHE = SoftStateCache()
+
+
+class ShardStore:
+    """Used by the one task that owns a shard for one batch."""
+
+    def __init__(
+        self,
+        client: object,
+        keys: ShardKeys,
+        config: ShardConfig | None = None,
+        cache: SoftStateCache | None = PROCESS_CACHE,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.config = config or ShardConfig()
+        self._cache = cache or SoftStateCache()
+        self.lease: Lease | None = None
+        self.soft: ShardSoftState | None = None
+        self._version = 0
+        self._next_seq = 0
+        self._pending_count = 0
+        self._live_buckets: list[int] = []
+        self.dedup_stats = DedupStats()
+        self.round_trips = 0
+
+    # --- 1. acquire ---------------------------------------------------------------------------
+    def acquire(self) -> Lease:
+        """Take the shard (fencing older owners) and make this process's soft state current."""
+        pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+        pipe.incr(self.keys.sequencer)
+        pipe.get(self.keys.version)
+        pipe.get(self.keys.production_seq)
+        pipe.zrange(self.keys.buckets, 0, -1, withscores=True)
+        pipe.zcard(self.keys.production_times)
+        token, version, seq, buckets, pending = pipe.execute()
+        self.round_trips += 1
+        self.lease = Lease(self.keys, int(token))
+        self._version = int(version or 0)
+        self._next_seq = int(seq or 0)
+        self._live_buckets = sorted(int(score) for _, score in buckets)
+        self._pending_count = int(pending)
+        self.soft = self._sync(self._cache.get(self.keys))
+        self._cache.put(self.keys, self.soft)
+        return self.lease
+
+    def _new_bloom(self) -> BucketedBloom | None:
+        if not self.config.use_bloom:
+            return None
+        return BucketedBloom(self.config.bloom_expected, self.config.bloom_fp_rate)
+
+    def _sync(self, soft: ShardSoftState | None) -> ShardSoftState:
+        if soft is not None and soft.version == self._version:
+            return soft
+        if soft is not None and 0 < self._version - soft.version <= COMMIT_LOG_KEEP:
+            versions = [str(v) for v in range(soft.version + 1, self._version + 1)]
+            entries = self.client.hmget(self.keys.commit_log, versions)  # type: ignore[attr-defined]
+            self.round_trips += 1
+            if all(e is not None for e in entries):
+                for entry in entries:
+                    ids_blob, keys_blob = _codec.unpack(entry)
+                    bucketed = [
+                        (int.from_bytes(x[:8], "big", signed=True), x[8:])
+                        for x in _codec.unpack(ids_blob)
+                    ]
+                    if soft.bloom is not None:
+                        soft.bloom.add(bucketed)
+                    for key in _codec.unpack(keys_blob):
+                        soft.states.pop(key.decode(), None)
+                    soft.synced_ids += len(bucketed)
+                soft.synced_commits += len(entries)
+                soft.version = self._version
+                return soft
+        return self._rebuild(soft)
+
+    def _rebuild(self, old: ShardSoftState | None) -> ShardSoftState:
+        """Read the whole live catalog: after a process start, or when the log was trimmed."""
+        soft = ShardSoftState(version=self._version, bloom=self._new_bloom())
+        soft.rebuilds = (old.rebuilds if old else 0) + 1
+        if soft.bloom is not None and self._live_buckets:
+            pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+            for bucket in self._live_buckets:
+                pipe.smembers(self.keys.catalog(bucket))
+            for bucket, members in zip(self._live_buckets, pipe.execute(), strict=True):
+                soft.bloom.add((bucket, m) for m in members)
+            self.round_trips += 1
+        return soft
+
+    def _require_lease(self) -> tuple[Lease, ShardSoftState]:
+        if self.lease is None or self.soft is None:
+            raise RuntimeError("acquire() the shard first")
+        return self.lease, self.soft
+
+    # --- 2. dedup -----------------------------------------------------------------------------
+    def bucket_of(self, system_time: int) -> int:
+        return system_time // self.config.bucket_ms
+
+    def dedup(self, records: Sequence[tuple[bytes, int]], gc_watermark: int) -> list[Verdict]:
+        """Classify (id, system_time) pairs; one catalog round trip for all "maybe" answers.
+
+        Duplicates inside the batch are caught too: the first delivery wins.
+        """
+        _, soft = self._require_lease()
+        verdicts: list[Verdict] = [Verdict.NEW] * len(records)
+        seen: set[bytes] = set()
+        candidates: list[int] = []
+        for index, (rid, system_time) in enumerate(records):
+            if system_time < gc_watermark:
+                verdicts[index] = Verdict.REMNANT
+            elif rid in seen:
+                verdicts[index] = Verdict.DUPLICATE
+            else:
+                seen.add(rid)
+                candidates.append(index)
+        bucketed = [(self.bucket_of(records[i][1]), records[i][0]) for i in candidates]
+        if soft.bloom is not None:
+            maybe = soft.bloom.maybe_contains(bucketed)
+        else:
+            maybe = [True] * len(bucketed)
+        to_read = [(i, b) for i, b, m in zip(candidates, bucketed, maybe, strict=True) if m]
+        stats = self.dedup_stats
+        stats.checked += len(records)
+        stats.lookups_avoided += len(candidates) - len(to_read)
+        if to_read:
+            by_bucket: dict[int, list[int]] = {}
+            for index, (bucket, _) in to_read:
+                by_bucket.setdefault(bucket, []).append(index)
+            pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+            order = list(by_bucket.items())
+            for bucket, indexes in order:
+                pipe.smismember(self.keys.catalog(bucket), [records[i][0] for i in indexes])
+            self.round_trips += 1
+            for (_, indexes), answers in zip(order, pipe.execute(), strict=True):
+                for index, present in zip(indexes, answers, strict=True):
+                    if present:
+                        verdicts[index] = Verdict.DUPLICATE
+                    else:
+                        stats.false_positives += 1
+            stats.catalog_reads += len(to_read)
+        stats.duplicates += sum(v is Verdict.DUPLICATE for v in verdicts)
+        stats.remnants += sum(v is Verdict.REMNANT for v in verdicts)
+        return verdicts
+
+    # --- 3. state, timers, pending productions --------------------------------------------
+    def load(
+        self, keys: Iterable[str], event_watermark: int, now: int
+    ) -> tuple[dict[str, bytes | None], list[Timer]]:
+        """States of `keys` (cached where current) and timers due at the watermark and clock."""
+        _, soft = self._require_lease()
+        wanted = [k for k in dict.fromkeys(keys) if k not in soft.states]
+        pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+        pipe.zrangebyscore(self.keys.timers("event"), "-inf", event_watermark, withscores=True)
+        pipe.zrangebyscore(self.keys.timers("wall"), "-inf", now, withscores=True)
+        if wanted:
+            pipe.hmget(self.keys.state, wanted)
+        results = pipe.execute()
+        self.round_trips += 1
+        timers = [parse_timer(m, s, TimeDomain.EVENT) for m, s in results[0]]
+        timers += [parse_timer(m, s, TimeDomain.WALL) for m, s in results[1]]
+        if wanted:
+            if len(soft.states) + len(wanted) > STATE_CACHE_LIMIT:
+                soft.states.clear()
+            soft.states.update(zip(wanted, results[2], strict=True))
+        timer_keys = [t.key for t in timers if t.key not in soft.states]
+        if timer_keys:
+            values = self.client.hmget(self.keys.state, timer_keys)  # type: ignore[attr-defined]
+            self.round_trips += 1
+            soft.states.update(zip(timer_keys, values, strict=True))
+        return soft.states, timers
+
+    def pending_productions(self) -> list[Production]:
+        """Checkpointed productions not yet acknowledged (a crashed owner's, re-delivered now)."""
+        if not self._pending_count:
+            return []
+        raw = self.client.hvals(self.keys.productions)  # type: ignore[attr-defined]
+        self.round_trips += 1
+        return sorted((decode_production(b) for b in raw), key=lambda p: p.seq)
+
+    def gc_buckets(self, gc_watermark: int) -> list[int]:
+        """Live buckets wholly older than the GC watermark: dropped whole in the next commit."""
+        bucket_ms = self.config.bucket_ms
+        return [b for b in self._live_buckets if (b + 1) * bucket_ms <= gc_watermark]
+
+    # --- 4. commit ----------------------------------------------------------------------------
+    def begin(self) -> ShardTransaction:
+        lease, _ = self._require_lease()
+        return ShardTransaction(self.client, lease, self._version, self._next_seq)
+
+    def commit(self, txn: ShardTransaction) -> int:
+        """Commit and bring soft state forward to the new version; on failure forget it."""
+        _, soft = self._require_lease()
+        try:
+            version = txn.commit()
+        except BaseException:
+            self._cache.drop(self.keys)
+            raise
+        finally:
+            self.round_trips += 3
+        if soft.bloom is not None:
+            soft.bloom.add(txn.added_ids)
+        for key, value in txn.written_states.items():
+            soft.states[key] = value
+        soft.version = version
+        self._version = version
+        self._next_seq = txn._next_seq
+        return version
+
+
+def oldest_work(client: object, keys_list: Sequence[ShardKeys]) -> list[Watermark]:
+    """Each shard's oldest work: its earliest event-time timer and oldest pending production.
+
+    Derived from data only lease-guarded commits write, so a stale owner cannot move it.
+    """
+    pipe = client.pipeline(transaction=False)  # type: ignore[attr-defined]
+    for keys in keys_list:
+        pipe.zrange(keys.timers("event"), 0, 0, withscores=True)
+        pipe.zrange(keys.production_times, 0, 0, withscores=True)
+        pipe.zrange(keys.production_system_times, 0, 0, withscores=True)
+    results = pipe.execute()
+    out: list[Watermark] = []
+    for i in range(len(keys_list)):
+        timer, prod, prod_sys = results[3 * i : 3 * i + 3]
+        events = [int(s) for _, s in timer] + [int(s) for _, s in prod]
+        systems = [int(s) for _, s in prod_sys]
+        out.append(
+            Watermark(min(events, default=NO_WORK.event), min(systems, default=NO_WORK.system))
+        )
+    return out

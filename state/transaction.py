@@ -1,0 +1,237 @@
+"""One atomic, lease-guarded commit of everything a shard's batch did."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass, field
+
+import redis
+
+from millstream.errors import FencedError, TransientError
+from millstream.records import Production, TimeDomain
+from millstream.state import _codec
+from millstream.state.lease import Lease
+from millstream.state.timers import timer_member
+from millstream.state.wire import encode_production
+
+log = logging.getLogger(__name__)
+
+COMMIT_LOG_KEEP = 256  # commits kept in the shard's log for cheap soft-state sync
+
+
+class TransactionStatus(enum.Enum):
+    OPEN = "open"
+    COMMITTED = "committed"
+    FENCED = "fenced"
+    FAILED = "failed"
+
+
+@dataclass
+class _Effects:
+    states: dict[str, bytes | None] = field(default_factory=dict)
+    timers: dict[tuple[str, str], tuple[TimeDomain, int] | None] = field(default_factory=dict)
+    ids: list[tuple[int, bytes]] = field(default_factory=list)
+    productions: list[Production] = field(default_factory=list)
+    acked: list[Production] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    drop_buckets: list[int] = field(default_factory=list)
+
+
+class ShardTransaction:
+    """Buffers a shard's effects and commits them in one MULTI/EXEC guarded by the lease.
+
+    Created by `ShardStore.begin`; valid until `commit()`. A write after commit, or a second
+    commit, raises at once.
+    """
+
+    def __init__(self, client: object, lease: Lease, base_version: int, next_seq: int) -> None:
+        self._client = client
+        self.lease = lease
+        self._base_version = base_version
+        self._next_seq = next_seq
+        self._fx = _Effects()
+        self.status = TransactionStatus.OPEN
+        self.version: int | None = None
+
+    # --- buffering ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.status is not TransactionStatus.OPEN:
+            raise RuntimeError(f"shard transaction is {self.status.value}: no more writes")
+
+    def set_state(self, key: str, value: bytes) -> None:
+        self._check_open()
+        self._fx.states[key] = value
+
+    def delete_state(self, key: str) -> None:
+        self._check_open()
+        self._fx.states[key] = None
+
+    def set_timer(self, key: str, tag: str, time: int, domain: TimeDomain) -> None:
+        """A tag names one timer per key; setting it again moves it (to any domain)."""
+        self._check_open()
+        self._fx.timers[(key, tag)] = (domain, int(time))
+
+    def delete_timer(self, key: str, tag: str) -> None:
+        self._check_open()
+        self._fx.timers[(key, tag)] = None
+
+    def has_timer_op(self, key: str, tag: str) -> bool:
+        return (key, tag) in self._fx.timers
+
+    def timer_op(self, key: str, tag: str) -> tuple[TimeDomain, int] | None:
+        """The buffered (domain, time) of a timer set in this transaction, None if deleted."""
+        return self._fx.timers[(key, tag)]
+
+    def add_ids(self, bucketed: list[tuple[int, bytes]]) -> None:
+        """Record ids that enter the catalog with this commit (so a redelivery is a duplicate)."""
+        self._check_open()
+        self._fx.ids.extend(bucketed)
+
+    def checkpoint(self, production: Production) -> Production:
+        """Strong production: stored with this commit, delivered after it, deleted after the ack."""
+        self._check_open()
+        stamped = Production(
+            production.stream,
+            production.key,
+            production.value,
+            production.timestamp,
+            production.id,
+            production.system_time,
+            self._next_seq,
+            production.headers,
+        )
+        self._next_seq += 1
+        self._fx.productions.append(stamped)
+        return stamped
+
+    def ack(self, productions: list[Production]) -> None:
+        """Delete checkpoints whose delivery was acknowledged."""
+        self._check_open()
+        self._fx.acked.extend(productions)
+
+    def count(self, name: str, amount: int = 1) -> None:
+        self._check_open()
+        if amount:
+            self._fx.counters[name] = self._fx.counters.get(name, 0) + amount
+
+    def drop_buckets(self, buckets: list[int]) -> None:
+        """Garbage-collect whole catalog buckets that the GC watermark has passed."""
+        self._check_open()
+        self._fx.drop_buckets.extend(buckets)
+
+    @property
+    def productions(self) -> list[Production]:
+        return list(self._fx.productions)
+
+    @property
+    def written_states(self) -> dict[str, bytes | None]:
+        return dict(self._fx.states)
+
+    @property
+    def added_ids(self) -> list[tuple[int, bytes]]:
+        return list(self._fx.ids)
+
+    def is_empty(self) -> bool:
+        fx = self._fx
+        return not (
+            fx.states or fx.timers or fx.ids or fx.productions or fx.acked or fx.counters
+            or fx.drop_buckets
+        )
+
+    # --- commit -------------------------------------------------------------------------------
+    def commit(self) -> int:
+        """Apply every buffered effect atomically, or nothing; returns the shard's new version.
+
+        1. WATCH the shard's sequencer and check it still holds this lease's token; a newer
+           token means a newer owner: raise FencedError (never retried).
+        2. MULTI: state writes and deletes, timer sets and deletes, catalog ids per bucket and
+           the live-bucket index, checkpointed productions with their seq, acknowledged
+           checkpoints removed, dropped buckets, metrics, the commit-log entry and version.
+        3. EXEC: if the sequencer moved in between, Redis discards it all: FencedError.
+        """
+        self._check_open()
+        keys = self.lease.keys
+        fx = self._fx
+        version = self._base_version + 1
+        try:
+            with self._client.pipeline(transaction=True) as pipe:  # type: ignore[attr-defined]
+                pipe.watch(keys.sequencer)
+                current = pipe.get(keys.sequencer)
+                if current is None or int(current) != self.lease.token:
+                    self.status = TransactionStatus.FENCED
+                    raise FencedError(
+                        f"shard {keys.tag} lease moved to token {current!r}; "
+                        f"this owner holds {self.lease.token}: its commit is discarded"
+                    )
+                pipe.multi()
+                self._queue(pipe, version)
+                pipe.execute()
+        except redis.WatchError:
+            self.status = TransactionStatus.FENCED
+            raise FencedError(
+                f"shard {keys.tag} was acquired by a newer owner during commit; discarded"
+            ) from None
+        except FencedError:
+            raise
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.status = TransactionStatus.FAILED
+            raise TransientError(f"Redis unavailable while committing {keys.tag}: {exc}") from exc
+        except BaseException:
+            self.status = TransactionStatus.FAILED
+            raise
+        self.status = TransactionStatus.COMMITTED
+        self.version = version
+        return version
+
+    def _queue(self, pipe: redis.client.Pipeline, version: int) -> None:
+        keys = self.lease.keys
+        fx = self._fx
+        sets = {k: v for k, v in fx.states.items() if v is not None}
+        deletes = [k for k, v in fx.states.items() if v is None]
+        if sets:
+            pipe.hset(keys.state, mapping=sets)  # type: ignore[arg-type]
+        if deletes:
+            pipe.hdel(keys.state, *deletes)
+        for (key, tag), spec in fx.timers.items():
+            member = timer_member(key, tag)
+            for domain in TimeDomain:
+                if spec is None or spec[0] is not domain:
+                    pipe.zrem(keys.timers(domain.value), member)
+            if spec is not None:
+                pipe.zadd(keys.timers(spec[0].value), {member: spec[1]})
+        by_bucket: dict[int, list[bytes]] = {}
+        for bucket, rid in fx.ids:
+            by_bucket.setdefault(bucket, []).append(rid)
+        for bucket, ids in by_bucket.items():
+            pipe.sadd(keys.catalog(bucket), *ids)
+        if by_bucket:
+            pipe.zadd(keys.buckets, {str(b): b for b in by_bucket})
+        if fx.drop_buckets:
+            pipe.delete(*[keys.catalog(b) for b in fx.drop_buckets])
+            pipe.zrem(keys.buckets, *[str(b) for b in fx.drop_buckets])
+        if fx.productions:
+            pipe.hset(
+                keys.productions,
+                mapping={p.id: encode_production(p) for p in fx.productions},  # type: ignore[misc]
+            )
+            pipe.zadd(keys.production_times, {p.id: p.timestamp for p in fx.productions})
+            pipe.zadd(keys.production_system_times, {p.id: p.system_time for p in fx.productions})
+            pipe.set(keys.production_seq, self._next_seq)
+        if fx.acked:
+            ids = [p.id for p in fx.acked]
+            pipe.hdel(keys.productions, *ids)
+            pipe.zrem(keys.production_times, *ids)
+            pipe.zrem(keys.production_system_times, *ids)
+        for name, amount in fx.counters.items():
+            pipe.hincrby(keys.counters, name, amount)
+        entry = _codec.pack(
+            [
+                _codec.pack([b.to_bytes(8, "big", signed=True) + rid for b, rid in fx.ids]),
+                _codec.pack([k.encode() for k in fx.states]),
+            ]
+        )
+        pipe.hset(keys.commit_log, str(version), entry)
+        if version > COMMIT_LOG_KEEP:
+            pipe.hdel(keys.commit_log, str(version - COMMIT_LOG_KEEP))
+        pipe.set(keys.version, version)
