@@ -191,7 +191,7 @@ def percentile_watermark(values: Sequence[int], fraction: float) -> int:
     if not values:
         return INFINITY
     ordered = sorted(values)
-    index = max(0, math.ceil((1.0 - fraction) * len(ordered)) - 1)
+    index = max(0, math.ceil(round((1.0 - fraction) * len(ordered), 9)) - 1)
     return ordered[index]
 
 
