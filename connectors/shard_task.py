@@ -74,6 +74,11 @@ def to_record(item: TaskInput, internal: frozenset[str]) -> Record:
     )
 
 
+def _position(row: tuple) -> bytes:
+    """Where a delivery came from: tells a replayed batch from a duplicate the source sent."""
+    return f"{row[SOURCE]}:{row[PARTITION]}:{row[OFFSET]}".encode()
+
+
 def dead_letter(
     plan: BatchPlan, spec: ComputationSpec, key: str, reason: str, row: tuple | None, **extra: Any
 ) -> Production:
@@ -178,7 +183,10 @@ def _run_once(
 
     # 2. dedup
     if spec.options.exactly_once and records:
-        verdicts = store.dedup([(r.id, r.system_time) for r in records], plan.gc_watermark)
+        verdicts = store.dedup(
+            [(r.id, r.system_time, _position(i.row)) for i, r in zip(items, records, strict=True)],
+            plan.gc_watermark,
+        )
     else:
         verdicts = [Verdict.NEW] * len(records)
 
@@ -233,12 +241,13 @@ def _run_once(
             runner.count("timers_fired")
 
     # 4. commit
-    txn.add_ids([(store.bucket_of(r.system_time), r.id) for _, r in fresh])
+    txn.add_ids([(store.bucket_of(r.system_time), r.id, _position(i.row)) for i, r in fresh])
     drop = store.gc_buckets(plan.gc_watermark)
     if drop:
         txn.drop_buckets(drop)
     stats = store.dedup_stats
     runner.count("duplicates", stats.duplicates)
+    runner.count("replays", stats.replays)
     runner.count("remnants", stats.remnants)
     runner.count("catalog_reads", stats.catalog_reads)
     runner.count("lookups_avoided", stats.lookups_avoided)

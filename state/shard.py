@@ -35,7 +35,8 @@ class ShardConfig:
 
 class Verdict(Enum):
     NEW = "new"
-    DUPLICATE = "duplicate"
+    DUPLICATE = "duplicate"  # the id was applied before, delivered from another position
+    REPLAY = "replay"  # the same delivery again (a batch re-run after a failure)
     REMNANT = "remnant"  # older than the GC watermark: a known duplicate, dropped and counted
 
 
@@ -43,6 +44,7 @@ class Verdict(Enum):
 class DedupStats:
     checked: int = 0
     duplicates: int = 0
+    replays: int = 0
     remnants: int = 0
     catalog_reads: int = 0
     lookups_avoided: int = 0
@@ -163,7 +165,7 @@ class ShardStore:
         if soft.bloom is not None and self._live_buckets:
             pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
             for bucket in self._live_buckets:
-                pipe.smembers(self.keys.catalog(bucket))
+                pipe.hkeys(self.keys.catalog(bucket))
             for bucket, members in zip(self._live_buckets, pipe.execute(), strict=True):
                 soft.bloom.add((bucket, m) for m in members)
             self.round_trips += 1
@@ -178,22 +180,27 @@ class ShardStore:
     def bucket_of(self, system_time: int) -> int:
         return system_time // self.config.bucket_ms
 
-    def dedup(self, records: Sequence[tuple[bytes, int]], gc_watermark: int) -> list[Verdict]:
-        """Classify (id, system_time) pairs; one catalog round trip for all "maybe" answers.
+    def dedup(
+        self, records: Sequence[tuple[bytes, int, bytes]], gc_watermark: int
+    ) -> list[Verdict]:
+        """Classify (id, system_time, position) triples; one catalog round trip for "maybe"s.
 
+        The catalog remembers where each id was delivered from, so a batch replayed after a
+        failure (same position) is told apart from a duplicate the source sent (new position).
         Duplicates inside the batch are caught too: the first delivery wins.
         """
         _, soft = self._require_lease()
         verdicts: list[Verdict] = [Verdict.NEW] * len(records)
-        seen: set[bytes] = set()
+        seen: dict[bytes, bytes] = {}
         candidates: list[int] = []
-        for index, (rid, system_time) in enumerate(records):
+        for index, (rid, system_time, position) in enumerate(records):
             if system_time < gc_watermark:
                 verdicts[index] = Verdict.REMNANT
             elif rid in seen:
-                verdicts[index] = Verdict.DUPLICATE
+                same = seen[rid] == position
+                verdicts[index] = Verdict.REPLAY if same else Verdict.DUPLICATE
             else:
-                seen.add(rid)
+                seen[rid] = position
                 candidates.append(index)
         bucketed = [(self.bucket_of(records[i][1]), records[i][0]) for i in candidates]
         if soft.bloom is not None:
@@ -211,16 +218,19 @@ class ShardStore:
             pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
             order = list(by_bucket.items())
             for bucket, indexes in order:
-                pipe.smismember(self.keys.catalog(bucket), [records[i][0] for i in indexes])
+                pipe.hmget(self.keys.catalog(bucket), [records[i][0] for i in indexes])
             self.round_trips += 1
-            for (_, indexes), answers in zip(order, pipe.execute(), strict=True):
-                for index, present in zip(indexes, answers, strict=True):
-                    if present:
-                        verdicts[index] = Verdict.DUPLICATE
-                    else:
+            for (_, indexes), positions in zip(order, pipe.execute(), strict=True):
+                for index, position in zip(indexes, positions, strict=True):
+                    if position is None:
                         stats.false_positives += 1
+                    elif position == records[index][2]:
+                        verdicts[index] = Verdict.REPLAY
+                    else:
+                        verdicts[index] = Verdict.DUPLICATE
             stats.catalog_reads += len(to_read)
         stats.duplicates += sum(v is Verdict.DUPLICATE for v in verdicts)
+        stats.replays += sum(v is Verdict.REPLAY for v in verdicts)
         stats.remnants += sum(v is Verdict.REMNANT for v in verdicts)
         return verdicts
 

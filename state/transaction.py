@@ -31,7 +31,7 @@ class TransactionStatus(enum.Enum):
 class _Effects:
     states: dict[str, bytes | None] = field(default_factory=dict)
     timers: dict[tuple[str, str], tuple[TimeDomain, int] | None] = field(default_factory=dict)
-    ids: list[tuple[int, bytes]] = field(default_factory=list)
+    ids: list[tuple[int, bytes, bytes]] = field(default_factory=list)
     productions: list[Production] = field(default_factory=list)
     acked: list[Production] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
@@ -83,8 +83,9 @@ class ShardTransaction:
         """The buffered (domain, time) of a timer set in this transaction, None if deleted."""
         return self._fx.timers[(key, tag)]
 
-    def add_ids(self, bucketed: list[tuple[int, bytes]]) -> None:
-        """Record ids that enter the catalog with this commit (so a redelivery is a duplicate)."""
+    def add_ids(self, bucketed: list[tuple[int, bytes, bytes]]) -> None:
+        """(bucket, id, position) entering the catalog with this commit: a redelivery of the
+        id is then a duplicate (another position) or a replay (the same position)."""
         self._check_open()
         self._fx.ids.extend(bucketed)
 
@@ -130,7 +131,7 @@ class ShardTransaction:
 
     @property
     def added_ids(self) -> list[tuple[int, bytes]]:
-        return list(self._fx.ids)
+        return [(bucket, rid) for bucket, rid, _ in self._fx.ids]
 
     def is_empty(self) -> bool:
         fx = self._fx
@@ -200,11 +201,11 @@ class ShardTransaction:
                     pipe.zrem(keys.timers(domain.value), member)
             if spec is not None:
                 pipe.zadd(keys.timers(spec[0].value), {member: spec[1]})
-        by_bucket: dict[int, list[bytes]] = {}
-        for bucket, rid in fx.ids:
-            by_bucket.setdefault(bucket, []).append(rid)
+        by_bucket: dict[int, dict[bytes, bytes]] = {}
+        for bucket, rid, position in fx.ids:
+            by_bucket.setdefault(bucket, {})[rid] = position
         for bucket, ids in by_bucket.items():
-            pipe.sadd(keys.catalog(bucket), *ids)
+            pipe.hset(keys.catalog(bucket), mapping=ids)  # type: ignore[arg-type]
         if by_bucket:
             pipe.zadd(keys.buckets, {str(b): b for b in by_bucket})
         if fx.drop_buckets:
@@ -227,7 +228,7 @@ class ShardTransaction:
             pipe.hincrby(keys.counters, name, amount)
         entry = _codec.pack(
             [
-                _codec.pack([b.to_bytes(8, "big", signed=True) + rid for b, rid in fx.ids]),
+                _codec.pack([b.to_bytes(8, "big", signed=True) + rid for b, rid, _ in fx.ids]),
                 _codec.pack([k.encode() for k in fx.states]),
             ]
         )

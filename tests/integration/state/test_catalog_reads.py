@@ -26,10 +26,10 @@ def test_two_alternating_workers_read_catalog_for_at_most_one_percent(
             store = ShardStore(client, ShardKeys(redis_namespace, "c", shard), config, worker)
             store.acquire()
             ids = [f"{shard}-{batch}-{i}".encode() for i in range(500)]
-            verdicts = store.dedup([(i, T0 + batch) for i in ids], 0)
+            verdicts = store.dedup([(i, T0 + batch, i) for i in ids], 0)
             assert all(v is Verdict.NEW for v in verdicts)
             txn = store.begin()
-            txn.add_ids([(store.bucket_of(T0 + batch), i) for i in ids])
+            txn.add_ids([(store.bucket_of(T0 + batch), i, i) for i in ids])
             store.commit(txn)
             if batch >= 2:  # steady state: after each worker's first (rebuilding) visit
                 reads += store.dedup_stats.catalog_reads

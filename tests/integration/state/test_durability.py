@@ -19,7 +19,7 @@ def test_kill9_and_restart_loses_no_commit(durable_redis: Any) -> None:
     for i in range(200):
         txn.set_state(f"k{i}", str(i).encode())
     txn.set_timer("k1", "t", 1234, TimeDomain.EVENT)
-    txn.add_ids([(0, f"r{i}".encode()) for i in range(200)])
+    txn.add_ids([(0, f"r{i}".encode(), b"p") for i in range(200)])
     txn.checkpoint(Production("out", "k", b"v", 5, b"pid", 5))
     store.commit(txn)
     client.close()
@@ -33,7 +33,7 @@ def test_kill9_and_restart_loses_no_commit(durable_redis: Any) -> None:
     again = ShardStore(client, keys, ShardConfig(), SoftStateCache())
     again.acquire()
     assert [p.id for p in again.pending_productions()] == [b"pid"]
-    assert again.dedup([(b"r7", 0), (b"fresh", 0)], 0) == [Verdict.DUPLICATE, Verdict.NEW]
+    assert again.dedup([(b"r7", 0, b"p"), (b"fresh", 0, b"p")], 0) == [Verdict.REPLAY, Verdict.NEW]
     _, due = again.load([], 2000, 0)
     assert [t.tag for t in due] == ["t"]
     client.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import uuid
+
 import pytest
 
 from millstream.errors import FencedError
@@ -25,14 +27,20 @@ def _prod(pid: bytes, ts: int = T0) -> Production:
     return Production("out", "k", b"v-" + pid, ts, pid, T0)
 
 
-def _apply(store: ShardStore, ids: list[bytes], system_time: int = T0) -> list[Verdict]:
-    """One batch: dedup, count the new records into state key 'n', commit with their ids."""
-    verdicts = store.dedup([(i, system_time) for i in ids], gc_watermark=0)
+def _apply(
+    store: ShardStore, ids: list[bytes], system_time: int = T0, positions: list[bytes] | None = None
+) -> list[Verdict]:
+    """One batch: dedup, count the new records into state key 'n', commit with their ids.
+
+    Each delivery comes from a new position unless `positions` says otherwise.
+    """
+    positions = positions or [uuid.uuid4().bytes for _ in ids]
+    verdicts = store.dedup(list(zip(ids, [system_time] * len(ids), positions)), gc_watermark=0)
     states, _ = store.load(["n"], 0, 0)
-    new = [i for i, v in zip(ids, verdicts, strict=True) if v is Verdict.NEW]
+    new = [(i, p) for i, p, v in zip(ids, positions, verdicts, strict=True) if v is Verdict.NEW]
     txn = store.begin()
     txn.set_state("n", str(int(states.get("n") or 0) + len(new)).encode())
-    txn.add_ids([(store.bucket_of(system_time), i) for i in new])
+    txn.add_ids([(store.bucket_of(system_time), i, p) for i, p in new])
     store.commit(txn)
     return verdicts
 
@@ -44,7 +52,7 @@ def test_zombie_commit_is_fenced_and_writes_nothing(store_client: Any, redis_nam
     txn = zombie.begin()
     txn.set_state("k", b"zombie")
     txn.set_timer("k", "t", T0, TimeDomain.EVENT)
-    txn.add_ids([(1, b"r1")])
+    txn.add_ids([(1, b"r1", b"p")])
     txn.checkpoint(_prod(b"p1"))
 
     owner = _store(store_client, keys)
@@ -55,7 +63,7 @@ def test_zombie_commit_is_fenced_and_writes_nothing(store_client: Any, redis_nam
 
     assert store_client.hget(keys.state, "k") is None
     assert store_client.zcard(keys.timers("event")) == 0
-    assert store_client.scard(keys.catalog(1)) == 0
+    assert store_client.hlen(keys.catalog(1)) == 0
     assert store_client.hlen(keys.productions) == 0
     assert oldest_work(store_client, [keys]) == [NO_WORK]
     # The owner is unaffected and commits.
@@ -107,12 +115,26 @@ def test_duplicates_applied_once_everywhere(store_client: Any, redis_namespace: 
     assert int(store_client.hget(keys.state, "n")) == 5
 
 
+def test_replayed_batch_is_told_apart_from_source_duplicates(
+    store_client: Any, redis_namespace: str
+) -> None:
+    keys = ShardKeys(redis_namespace, "c", 8)
+    store = _store(store_client, keys)
+    store.acquire()
+    _apply(store, [b"a", b"b"], positions=[b"t:0:1", b"t:0:2"])
+    store = _store(store_client, keys, SoftStateCache())
+    store.acquire()
+    verdicts = _apply(store, [b"a", b"b", b"b"], positions=[b"t:0:1", b"t:0:2", b"t:0:9"])
+    assert verdicts == [Verdict.REPLAY, Verdict.REPLAY, Verdict.DUPLICATE]
+    assert store.dedup_stats.replays == 2 and store.dedup_stats.duplicates == 1
+
+
 def test_remnant_behind_gc_watermark_dropped_and_counted(
     store_client: Any, redis_namespace: str
 ) -> None:
     store = _store(store_client, ShardKeys(redis_namespace, "c", 2))
     store.acquire()
-    verdicts = store.dedup([(b"old", T0 - 10), (b"new", T0 + 10)], gc_watermark=T0)
+    verdicts = store.dedup([(b"old", T0 - 10, b"x"), (b"new", T0 + 10, b"y")], gc_watermark=T0)
     assert verdicts == [Verdict.REMNANT, Verdict.NEW]
     assert store.dedup_stats.remnants == 1
 
@@ -131,7 +153,7 @@ def test_gc_drops_whole_buckets(store_client: Any, redis_namespace: str) -> None
     txn.drop_buckets([old_bucket])
     store.commit(txn)
     assert not store_client.exists(keys.catalog(old_bucket))
-    assert store_client.sismember(keys.catalog(store.bucket_of(T0 + 5 * BUCKET_MS)), b"b")
+    assert store_client.hexists(keys.catalog(store.bucket_of(T0 + 5 * BUCKET_MS)), b"b")
 
 
 def test_crash_between_commit_and_ack_redelivers_same_ids(
@@ -200,13 +222,13 @@ def test_round_trips_constant_in_batch_size(store_client: Any, redis_namespace: 
         store = _store(store_client, ShardKeys(redis_namespace, f"rt{n}", 0))
         store.acquire()
         ids = [f"{n}-{i}".encode() for i in range(n)]
-        store.dedup([(i, T0) for i in ids], 0)
+        store.dedup([(i, T0, i) for i in ids], 0)
         store.load([f"k{i}" for i in range(n)], 0, 0)
         txn = store.begin()
         for i in range(n):
             txn.set_state(f"k{i}", b"1")
             txn.checkpoint(_prod(f"{n}-p{i}".encode()))
-        txn.add_ids([(store.bucket_of(T0), i) for i in ids])
+        txn.add_ids([(store.bucket_of(T0), i, i) for i in ids])
         store.commit(txn)
         trips.append(store.round_trips)
     assert trips[0] == trips[1] <= 6
