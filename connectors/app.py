@@ -18,6 +18,7 @@ from typing import Any
 from millstream.connectors.driver import DEFAULT_PARTITIONS, ComputationRunner, Endpoints
 from millstream.connectors.topics import ensure_topics
 from millstream.connectors.topology import Topology
+
 from millstream.settings import Settings
 
 log = logging.getLogger(__name__)

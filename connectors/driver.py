@@ -19,7 +19,6 @@ from millstream.connectors.delivery import Target
 from millstream.connectors.plan import BatchPlan, TaskInput, shard_of
 from millstream.connectors.shard_task import ERROR, ID, KEY, STREAM, VALUE, ShardResult, run_shard
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
-from millstream.settings import Settings
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys, app_key
 from millstream.state.shard import ShardConfig, oldest_work
@@ -32,6 +31,8 @@ from millstream.state.watermarks import (
     now_ms,
     percentile_watermark,
 )
+
+from millstream.settings import Settings
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4
@@ -79,7 +80,7 @@ def _route(
             key = extractors[values[STREAM]](values[KEY], values[VALUE] or b"")
             if not isinstance(key, str):
                 raise TypeError(f"key extractor returned {type(key).__name__}, expected str")
-        except Exception as exc:  # noqa: BLE001 - bad input: dead-lettered, never dropped
+        except Exception as exc:
             reason = f"key extraction failed: {type(exc).__name__}: {exc}"
             yield shard_of(values[ID].hex(), shards), TaskInput(None, values, reason)
         else:
@@ -198,7 +199,11 @@ class ComputationRunner:
         for stream in self.spec.inputs:
             if stream in self.topology.sources:
                 instances = [f"{s.name}@{self.spec.name}" for s in self.topology.sources[stream]]
-                parts.append(self.authority.injector_watermark(stream, instances))
+                estimate = self.authority.injector_watermark(stream, instances)
+                bound = self.topology.out_of_order_ms.get(stream, 0)
+                if estimate.event > NONE_KNOWN.event:
+                    estimate = Watermark(estimate.event - bound, estimate.system)
+                parts.append(estimate)
                 continue
             for producer in self.topology.producer_of(stream):
                 parts.append(self.authority.published(producer) or NONE_KNOWN)
@@ -262,7 +267,9 @@ class ComputationRunner:
         oldest = oldest_work(self.client, keys)
         published = self.authority.publish(self.spec.name, merge_min([input_wm, *oldest]))
         pending = [w.event for w in oldest if w.event < INFINITY]
-        p99 = min(input_wm.event, percentile_watermark(pending, 0.99)) if pending else input_wm.event
+        p99 = (
+            min(input_wm.event, percentile_watermark(pending, 0.99)) if pending else input_wm.event
+        )
         self.last_batch = {
             "batch_id": batch_id,
             "seconds": round(seconds, 4),

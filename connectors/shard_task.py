@@ -8,24 +8,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import uuid
 import logging
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from millstream.connectors.computation import Computation, Context
+from millstream.connectors.computation import Context
 from millstream.connectors.delivery import deliver_all
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.serde import serde_named
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
-from millstream.errors import FencedError, MillstreamError
-from millstream.records import Production, Record, Timer
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardStore, Verdict
 from millstream.state.timers import firing_order
+
+from millstream.errors import FencedError, MillstreamError
+from millstream.records import Production, Record, Timer
 
 log = logging.getLogger(__name__)
 FENCED_RETRIES = 3
@@ -134,7 +135,7 @@ class _KeyRunner:
                 fn(ctx, arg)
                 ctx.state_effect()  # a state the serde cannot encode is a user error too
                 return ctx
-            except Exception as exc:  # noqa: BLE001 - user code: retried then dead-lettered
+            except Exception as exc:
                 error = exc
         assert error is not None
         if self.plan.fail_stop:
@@ -145,7 +146,9 @@ class _KeyRunner:
         return error
 
 
-def run_shard(plan: BatchPlan, spec: ComputationSpec, shard: int, items: list[TaskInput]) -> ShardResult:
+def run_shard(
+    plan: BatchPlan, spec: ComputationSpec, shard: int, items: list[TaskInput]
+) -> ShardResult:
     """Entry point of a shard task; a fenced attempt re-runs from acquire (its writes were void)."""
     started = time.perf_counter()
     items.sort(key=lambda i: (i.row[STREAM], i.row[SOURCE], i.row[PARTITION], i.row[OFFSET]))
@@ -161,7 +164,9 @@ def run_shard(plan: BatchPlan, spec: ComputationSpec, shard: int, items: list[Ta
             retries += 1
             if retries >= FENCED_RETRIES:
                 raise
-            log.warning("shard %s fenced by a newer owner; re-running (attempt %d)", keys.tag, retries)
+            log.warning(
+                "shard %s fenced by a newer owner; re-running (attempt %d)", keys.tag, retries
+            )
     result.shard = shard
     result.fenced_retries = retries
     result.round_trips = store.round_trips
@@ -211,7 +216,9 @@ def _run_once(
         outcome = runner.call(record.key, record.timestamp, spec.computation.process_record, record)
         if isinstance(outcome, Exception):
             txn.checkpoint(
-                dead_letter(plan, spec, record.key, f"{type(outcome).__name__}: {outcome}", item.row)
+                dead_letter(
+                    plan, spec, record.key, f"{type(outcome).__name__}: {outcome}", item.row
+                )
             )
             runner.count("dead_letters")
             runner.count("user_errors")
@@ -230,7 +237,11 @@ def _run_once(
         if isinstance(outcome, Exception):
             txn.checkpoint(
                 dead_letter(
-                    plan, spec, timer.key, f"{type(outcome).__name__}: {outcome}", None,
+                    plan,
+                    spec,
+                    timer.key,
+                    f"{type(outcome).__name__}: {outcome}",
+                    None,
                     timer={"tag": timer.tag, "time": timer.time, "domain": timer.domain.value},
                 )
             )

@@ -13,12 +13,14 @@ from millstream.errors import ConfigurationError, TransientError
 TOPIC_CONFIG = {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"}
 
 
-def ensure_topics(kafka: Mapping[str, str], topics: Mapping[str, int], timeout: float = 30.0) -> None:
+def ensure_topics(
+    kafka: Mapping[str, str], topics: Mapping[str, int], timeout: float = 30.0
+) -> None:
     """Create each missing topic with its partition count; existing topics are left as they are."""
     admin = AdminClient(dict(kafka))
     try:
         existing = set(admin.list_topics(timeout=timeout).topics)
-    except Exception as exc:  # noqa: BLE001 - librdkafka raises KafkaException variants
+    except Exception as exc:
         raise TransientError(
             f"Kafka at {kafka.get('bootstrap.servers')} is unreachable ({exc}); "
             "check KAFKA_BOOTSTRAP_SERVERS and that the broker runs."
@@ -33,7 +35,7 @@ def ensure_topics(kafka: Mapping[str, str], topics: Mapping[str, int], timeout: 
     for name, future in admin.create_topics(missing, operation_timeout=timeout).items():
         try:
             future.result()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise ConfigurationError(
                     f"cannot create topic {name!r} ({exc}): create it yourself or grant "

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from millstream.connectors.computation import Computation
 from millstream.connectors.serde import SERDES
+
 from millstream.errors import ConfigurationError
 
 KeyExtractor = Callable[[bytes | None, bytes], str]
@@ -51,7 +52,9 @@ class ComputationOptions:
 
     def validate(self, name: str) -> None:
         if self.productions not in ("strong", "weak"):
-            raise ConfigurationError(f"computation {name!r}: productions must be 'strong' or 'weak'")
+            raise ConfigurationError(
+                f"computation {name!r}: productions must be 'strong' or 'weak'"
+            )
         if self.late not in ("drop", "flag"):
             raise ConfigurationError(f"computation {name!r}: late must be 'drop' or 'flag'")
         if self.shards is not None and not 1 <= self.shards <= 4096:
@@ -91,10 +94,19 @@ class Topology:
     computations: dict[str, ComputationSpec] = field(default_factory=dict)
     sinks: dict[str, Any] = field(default_factory=dict)
     partitions: dict[str, int] = field(default_factory=dict)
+    out_of_order_ms: dict[str, int] = field(default_factory=dict)
 
-    def source(self, stream: str, *sources: Source) -> Topology:
-        """Declare an injected stream fed by one or more injectors (e.g. two datacenters)."""
+    def source(self, stream: str, *sources: Source, max_out_of_order_ms: int = 0) -> Topology:
+        """Declare an injected stream fed by one or more injectors (e.g. two datacenters).
+
+        `max_out_of_order_ms` bounds how far behind each other records of the stream may
+        arrive; the injectors' watermark estimate is held back by it, so such records are not
+        late. Records later than that are late (dropped and counted, or flagged).
+        """
         _check_name("stream", stream)
+        if max_out_of_order_ms < 0:
+            raise ConfigurationError(f"stream {stream!r}: max_out_of_order_ms must be >= 0")
+        self.out_of_order_ms[stream] = int(max_out_of_order_ms)
         if not sources:
             raise ConfigurationError(f"stream {stream!r}: give at least one source")
         if stream in self.sources:
@@ -170,7 +182,9 @@ class Topology:
         """Raise ConfigurationError for unknown streams, cycles without input, bad sinks."""
         _check_name("app", self.app)
         if not self.computations:
-            raise ConfigurationError("the topology has no computations: add one with .computation()")
+            raise ConfigurationError(
+                "the topology has no computations: add one with .computation()"
+            )
         produced = set(self.internal_streams())
         for spec in self.computations.values():
             for stream in spec.inputs:

@@ -44,6 +44,8 @@ def kafka_source(
     )
 
 
-def logfile_source(path: str, *, name: str = "logs", pattern: str = "*.log", **options: Any) -> Source:
+def logfile_source(
+    path: str, *, name: str = "logs", pattern: str = "*.log", **options: Any
+) -> Source:
     """A directory of append-only log files (JSON lines by default)."""
     return Source(name, LOGFILE_FORMAT, _options({"path": path, "pattern": pattern, **options}))

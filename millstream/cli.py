@@ -17,7 +17,9 @@ def _load_topology(target: str) -> Any:
 
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise ConfigurationError(f"expected module:attribute, got {target!r} (e.g. myapp.pipeline:topology)")
+        raise ConfigurationError(
+            f"expected module:attribute, got {target!r} (e.g. myapp.pipeline:topology)"
+        )
     sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
@@ -76,7 +78,9 @@ def _redis_for_status() -> str:
     state = embedded.infra_status(Path(settings.state_dir) / "embedded")
     if state.get("up") and state.get("redis_url"):
         return str(state["redis_url"])
-    raise ConfigurationError("REDIS_URL is not set and no embedded Redis runs (millstream infra up)")
+    raise ConfigurationError(
+        "REDIS_URL is not set and no embedded Redis runs (millstream infra up)"
+    )
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -123,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     infra.add_argument("action", choices=["up", "down", "status"])
     infra.set_defaults(func=_cmd_infra)
     run = sub.add_parser("run", help="run a topology until Ctrl-C or SIGTERM")
-    run.add_argument("target", help="module:attribute naming a Topology (or a function returning one)")
+    run.add_argument(
+        "target", help="module:attribute naming a Topology (or a function returning one)"
+    )
     run.set_defaults(func=_cmd_run)
     st = sub.add_parser("status", help="watermarks, lag and counters per computation")
     st.add_argument("--app", help="application name (default MILLSTREAM_APP)")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class TimeDomain(str, Enum):
+class TimeDomain(StrEnum):
     """Which clock a timer follows: the input low watermark (event) or the wall clock (wall)."""
 
     EVENT = "event"

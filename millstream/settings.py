@@ -15,7 +15,11 @@ T = TypeVar("T")
 
 # (variable, default shown in the README, meaning); the README table is checked against this.
 VARIABLES: tuple[tuple[str, str, str], ...] = (
-    ("KAFKA_BOOTSTRAP_SERVERS", "(embedded broker)", "Kafka bootstrap servers, host:port[,host:port]."),
+    (
+        "KAFKA_BOOTSTRAP_SERVERS",
+        "(embedded broker)",
+        "Kafka bootstrap servers, host:port[,host:port].",
+    ),
     ("REDIS_URL", "(embedded redis-server)", "Redis URL: redis://, rediss:// (TLS) or unix://."),
     ("MILLSTREAM_APP", "millstream", "Application name; namespaces Redis keys and Kafka topics."),
     ("MILLSTREAM_SPARK_MASTER", "local[2]", "Spark master URL."),
@@ -24,17 +28,33 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("MILLSTREAM_TRIGGER_MS", "200", "Micro-batch trigger interval in milliseconds."),
     ("MILLSTREAM_MAX_RECORDS_PER_BATCH", "200000", "Admission control: records per batch."),
     ("MILLSTREAM_BUCKET_SECONDS", "600", "Record-id catalog bucket width (system time)."),
-    ("MILLSTREAM_GC_SLACK_SECONDS", "3600", "Late-arrival slack before catalog buckets are dropped."),
+    (
+        "MILLSTREAM_GC_SLACK_SECONDS",
+        "3600",
+        "Late-arrival slack before catalog buckets are dropped.",
+    ),
     ("MILLSTREAM_BLOOM_EXPECTED", "200000", "Expected record ids per shard and bucket."),
     ("MILLSTREAM_BLOOM_FP_RATE", "0.001", "Target Bloom filter false-positive rate."),
-    ("MILLSTREAM_IDLE_SLACK_MS", "2000", "Idle Kafka partitions: watermark follows now minus this."),
+    (
+        "MILLSTREAM_IDLE_SLACK_MS",
+        "2000",
+        "Idle Kafka partitions: watermark follows now minus this.",
+    ),
     ("MILLSTREAM_USER_RETRIES", "3", "Retries of user code before a record is dead-lettered."),
     ("MILLSTREAM_ON_USER_ERROR", "dead-letter", "dead-letter or fail-stop."),
     ("MILLSTREAM_EMBEDDED", "auto", "auto: start embedded Redis/Kafka when unset; never: fail."),
     ("MILLSTREAM_STATE_DIR", ".millstream", "Working folder for embedded services and outputs."),
     ("MILLSTREAM_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
-    ("MILLSTREAM_KAFKA_*", "(none)", "Passed to Kafka clients: MILLSTREAM_KAFKA_SASL_USERNAME -> sasl.username."),
-    ("MILLSTREAM_TEST_*", "(none)", "Test-suite only: MILLSTREAM_TEST_REDIS_IMAGE, MILLSTREAM_TEST_KAFKA_IMAGE."),
+    (
+        "MILLSTREAM_KAFKA_*",
+        "(none)",
+        "Passed to Kafka clients: MILLSTREAM_KAFKA_SASL_USERNAME -> sasl.username.",
+    ),
+    (
+        "MILLSTREAM_TEST_*",
+        "(none)",
+        "Test-suite only: MILLSTREAM_TEST_REDIS_IMAGE, MILLSTREAM_TEST_KAFKA_IMAGE.",
+    ),
 )
 _KNOWN = {name for name, _, _ in VARIABLES if not name.endswith("*")}
 _PREFIXES = ("MILLSTREAM_KAFKA_", "MILLSTREAM_TEST_")
@@ -57,7 +77,9 @@ def _is_secret(name: str) -> bool:
     return any(word in name.upper() for word in _SECRET_WORDS)
 
 
-def _parse(env: Mapping[str, str], name: str, default: str, conv: Callable[[str], T], hint: str) -> T:
+def _parse(
+    env: Mapping[str, str], name: str, default: str, conv: Callable[[str], T], hint: str
+) -> T:
     raw = env.get(name, default).strip()
     try:
         return conv(raw)
@@ -101,12 +123,16 @@ def validate_redis_url(url: str) -> str:
         try:
             port = parts.port
         except ValueError:
-            raise ConfigurationError(f"REDIS_URL={mask_url(url)!r} has a bad port: expected {hint}.") from None
+            raise ConfigurationError(
+                f"REDIS_URL={mask_url(url)!r} has a bad port: expected {hint}."
+            ) from None
         if not parts.hostname or (port is not None and not 0 < port < 65536):
             raise ConfigurationError(f"REDIS_URL={mask_url(url)!r} is invalid: expected {hint}.")
         db = parts.path.strip("/")
         if db and not db.isdigit():
-            raise ConfigurationError(f"REDIS_URL={mask_url(url)!r}: database {db!r} is not a number.")
+            raise ConfigurationError(
+                f"REDIS_URL={mask_url(url)!r}: database {db!r} is not a number."
+            )
     return url
 
 
@@ -153,7 +179,9 @@ class Settings:
         """Read and validate; raises ConfigurationError naming the variable and the fix."""
         env = os.environ if environ is None else environ
         unknown = sorted(
-            k for k in env if k.startswith("MILLSTREAM_") and k not in _KNOWN and not k.startswith(_PREFIXES)
+            k
+            for k in env
+            if k.startswith("MILLSTREAM_") and k not in _KNOWN and not k.startswith(_PREFIXES)
         )
         if unknown:
             raise ConfigurationError(
@@ -177,10 +205,18 @@ class Settings:
             app=app,
             spark_master=env.get("MILLSTREAM_SPARK_MASTER", "local[2]"),
             checkpoint_dir=env.get("MILLSTREAM_CHECKPOINT_DIR", ".millstream/checkpoints"),
-            shards=_parse(env, "MILLSTREAM_SHARDS", "8", _bounded_int(1, 4096), "an integer 1-4096"),
-            trigger_ms=_parse(env, "MILLSTREAM_TRIGGER_MS", "200", _bounded_int(0, 3_600_000), "milliseconds"),
+            shards=_parse(
+                env, "MILLSTREAM_SHARDS", "8", _bounded_int(1, 4096), "an integer 1-4096"
+            ),
+            trigger_ms=_parse(
+                env, "MILLSTREAM_TRIGGER_MS", "200", _bounded_int(0, 3_600_000), "milliseconds"
+            ),
             max_records_per_batch=_parse(
-                env, "MILLSTREAM_MAX_RECORDS_PER_BATCH", "200000", _bounded_int(1, 10**9), "a positive integer"
+                env,
+                "MILLSTREAM_MAX_RECORDS_PER_BATCH",
+                "200000",
+                _bounded_int(1, 10**9),
+                "a positive integer",
             ),
             bucket_seconds=_parse(
                 env, "MILLSTREAM_BUCKET_SECONDS", "600", _bounded_int(1, 86_400), "seconds, 1-86400"
@@ -189,21 +225,37 @@ class Settings:
                 env, "MILLSTREAM_GC_SLACK_SECONDS", "3600", _bounded_int(0, 30 * 86_400), "seconds"
             ),
             bloom_expected=_parse(
-                env, "MILLSTREAM_BLOOM_EXPECTED", "200000", _bounded_int(1, 10**9), "a positive integer"
+                env,
+                "MILLSTREAM_BLOOM_EXPECTED",
+                "200000",
+                _bounded_int(1, 10**9),
+                "a positive integer",
             ),
-            bloom_fp_rate=_parse(env, "MILLSTREAM_BLOOM_FP_RATE", "0.001", _fraction, "a rate in (0, 0.5)"),
+            bloom_fp_rate=_parse(
+                env, "MILLSTREAM_BLOOM_FP_RATE", "0.001", _fraction, "a rate in (0, 0.5)"
+            ),
             idle_slack_ms=_parse(
                 env, "MILLSTREAM_IDLE_SLACK_MS", "2000", _bounded_int(0, 86_400_000), "milliseconds"
             ),
-            user_retries=_parse(env, "MILLSTREAM_USER_RETRIES", "3", _bounded_int(0, 100), "an integer 0-100"),
+            user_retries=_parse(
+                env, "MILLSTREAM_USER_RETRIES", "3", _bounded_int(0, 100), "an integer 0-100"
+            ),
             on_user_error=_parse(
-                env, "MILLSTREAM_ON_USER_ERROR", "dead-letter", _choice("dead-letter", "fail-stop"),
+                env,
+                "MILLSTREAM_ON_USER_ERROR",
+                "dead-letter",
+                _choice("dead-letter", "fail-stop"),
                 "dead-letter or fail-stop",
             ),
-            embedded=_parse(env, "MILLSTREAM_EMBEDDED", "auto", _choice("auto", "never"), "auto or never"),
+            embedded=_parse(
+                env, "MILLSTREAM_EMBEDDED", "auto", _choice("auto", "never"), "auto or never"
+            ),
             state_dir=env.get("MILLSTREAM_STATE_DIR", ".millstream"),
             log_level=_parse(
-                env, "MILLSTREAM_LOG_LEVEL", "INFO", lambda s: _choice("debug", "info", "warning", "error")(s).upper(),
+                env,
+                "MILLSTREAM_LOG_LEVEL",
+                "INFO",
+                lambda s: _choice("debug", "info", "warning", "error")(s).upper(),
                 "DEBUG, INFO, WARNING or ERROR",
             ),
             kafka_extra=extra,
@@ -212,7 +264,9 @@ class Settings:
     def kafka_config(self) -> dict[str, str]:
         """librdkafka settings every client shares: bootstrap servers plus pass-through security."""
         if not self.kafka_bootstrap_servers:
-            raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS is not set and no embedded broker is running.")
+            raise ConfigurationError(
+                "KAFKA_BOOTSTRAP_SERVERS is not set and no embedded broker is running."
+            )
         return {"bootstrap.servers": self.kafka_bootstrap_servers, **self.kafka_extra}
 
     def describe(self) -> dict[str, Any]:
@@ -223,7 +277,9 @@ class Settings:
             if f.name == "redis_url":
                 value = mask_url(value)
             elif f.name == "kafka_extra":
-                value = {k: ("***" if _is_secret(k.replace(".", "_")) else v) for k, v in value.items()}
+                value = {
+                    k: ("***" if _is_secret(k.replace(".", "_")) else v) for k, v in value.items()
+                }
             out[f.name] = value
         return out
 

@@ -21,7 +21,9 @@ def status(client: Any, app: str) -> dict[str, Any]:
     now = now_ms()
     out: dict[str, Any] = {"app": app, "at": now, "computations": {}}
     for name in computations_of(client, app):
-        metrics = {k.decode(): v.decode() for k, v in client.hgetall(app_key(app, "metrics", name)).items()}
+        metrics = {
+            k.decode(): v.decode() for k, v in client.hgetall(app_key(app, "metrics", name)).items()
+        }
         last = json.loads(metrics.pop("last_batch", "{}"))
         shards = _shard_count(client, app, name)
         pipe = client.pipeline(transaction=False)
@@ -40,7 +42,8 @@ def status(client: Any, app: str) -> dict[str, Any]:
             "last_batch_seconds": last.get("seconds"),
             "batches": int(metrics.get("batches", 0)),
             "records": int(metrics.get("records", 0)),
-            "duplicates_dropped": int(metrics.get("duplicates", 0)) + int(metrics.get("remnants", 0)),
+            "duplicates_dropped": int(metrics.get("duplicates", 0))
+            + int(metrics.get("remnants", 0)),
             "late_records": int(metrics.get("late", 0)),
             "dead_letters": int(metrics.get("dead_letters", 0)),
             "catalog_lookups_avoided": int(metrics.get("lookups_avoided", 0)),

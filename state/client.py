@@ -51,7 +51,9 @@ def _open(url: str) -> RedisClient:
         finally:
             probe.close()
     except redis.AuthenticationError as exc:
-        raise ConfigurationError(f"Redis at {mask_url(url)} rejected the credentials: {exc}") from None
+        raise ConfigurationError(
+            f"Redis at {mask_url(url)} rejected the credentials: {exc}"
+        ) from None
     except _RETRIABLE as exc:
         raise TransientError(
             f"Redis at {mask_url(url)} is unreachable ({exc}); check REDIS_URL and that the server runs."

@@ -7,13 +7,13 @@ import logging
 from dataclasses import dataclass, field
 
 import redis
-
-from millstream.errors import FencedError, TransientError
-from millstream.records import Production, TimeDomain
 from millstream.state import _codec
 from millstream.state.lease import Lease
 from millstream.state.timers import timer_member
 from millstream.state.wire import encode_production
+
+from millstream.errors import FencedError, TransientError
+from millstream.records import Production, TimeDomain
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,12 @@ class ShardTransaction:
     def is_empty(self) -> bool:
         fx = self._fx
         return not (
-            fx.states or fx.timers or fx.ids or fx.productions or fx.acked or fx.counters
+            fx.states
+            or fx.timers
+            or fx.ids
+            or fx.productions
+            or fx.acked
+            or fx.counters
             or fx.drop_buckets
         )
 
@@ -153,7 +158,6 @@ class ShardTransaction:
         """
         self._check_open()
         keys = self.lease.keys
-        fx = self._fx
         version = self._base_version + 1
         try:
             with self._client.pipeline(transaction=True) as pipe:  # type: ignore[attr-defined]
@@ -220,10 +224,10 @@ class ShardTransaction:
             pipe.zadd(keys.production_system_times, {p.id: p.system_time for p in fx.productions})
             pipe.set(keys.production_seq, self._next_seq)
         if fx.acked:
-            ids = [p.id for p in fx.acked]
-            pipe.hdel(keys.productions, *ids)
-            pipe.zrem(keys.production_times, *ids)
-            pipe.zrem(keys.production_system_times, *ids)
+            acked = [p.id for p in fx.acked]
+            pipe.hdel(keys.productions, *acked)
+            pipe.zrem(keys.production_times, *acked)
+            pipe.zrem(keys.production_system_times, *acked)
         for name, amount in fx.counters.items():
             pipe.hincrby(keys.counters, name, amount)
         entry = _codec.pack(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from millstream.records import Production
 from millstream.state import _codec
+
+from millstream.records import Production
 
 
 def _int(value: int) -> bytes:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-import uuid
-
 import pytest
-
-from millstream.errors import FencedError
-from millstream.records import Production, TimeDomain
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict, oldest_work
 from millstream.state.transaction import TransactionStatus
 from millstream.state.watermarks import NO_WORK, Watermark
+
+from millstream.errors import FencedError
+from millstream.records import Production, TimeDomain
 
 BUCKET_MS = 60_000
 T0 = 1_700_000_000_000
@@ -35,7 +34,7 @@ def _apply(
     Each delivery comes from a new position unless `positions` says otherwise.
     """
     positions = positions or [uuid.uuid4().bytes for _ in ids]
-    verdicts = store.dedup(list(zip(ids, [system_time] * len(ids), positions)), gc_watermark=0)
+    verdicts = store.dedup(list(zip(ids, [system_time] * len(ids), positions, strict=True)), gc_watermark=0)
     states, _ = store.load(["n"], 0, 0)
     new = [(i, p) for i, p, v in zip(ids, positions, verdicts, strict=True) if v is Verdict.NEW]
     txn = store.begin()
@@ -45,7 +44,9 @@ def _apply(
     return verdicts
 
 
-def test_zombie_commit_is_fenced_and_writes_nothing(store_client: Any, redis_namespace: str) -> None:
+def test_zombie_commit_is_fenced_and_writes_nothing(
+    store_client: Any, redis_namespace: str
+) -> None:
     keys = ShardKeys(redis_namespace, "c", 3)
     zombie = _store(store_client, keys)
     zombie.acquire()

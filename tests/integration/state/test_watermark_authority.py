@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from millstream.state.watermarks import (
-    NONE_KNOWN,
     NO_WORK,
+    NONE_KNOWN,
     Watermark,
     WatermarkAuthority,
     percentile_watermark,
@@ -30,12 +30,16 @@ def test_missing_injector_instance_holds_the_watermark(
     authority.publish_injector("queries", "dc2@c", Watermark(700, 800))
     assert authority.injector_watermark("queries", ["dc1@c", "dc2@c"]) == Watermark(700, 800)
     # A lower (stale) estimate from an instance is ignored.
-    assert authority.publish_injector("queries", "dc2@c", Watermark(600, 600)) == Watermark(700, 800)
+    assert authority.publish_injector("queries", "dc2@c", Watermark(600, 600)) == Watermark(
+        700, 800
+    )
     authority.declare_injectors("queries", ["dc1@c", "dc2@c", "dc3@c"])
     assert authority.injector_stream("queries") == NONE_KNOWN
 
 
-def test_in_flight_records_hold_consumer_until_read(store_client: Any, redis_namespace: str) -> None:
+def test_in_flight_records_hold_consumer_until_read(
+    store_client: Any, redis_namespace: str
+) -> None:
     authority = WatermarkAuthority(store_client, redis_namespace)
     authority.add_in_flight("s", [(0, 9, Watermark(500, 510)), (1, 4, Watermark(300, 310))], "b1")
     assert authority.in_flight("s", 2, {}) == Watermark(300, 310)

@@ -1,0 +1,122 @@
+"""The Zeitgeist pipeline, written with millstream's public API as a user would write it.
+
+queries -> window_counter -> window_counts -> model_calculator -> model_updates
+        -> spike_detector, dip_detector -> anomalies
+"""
+
+from __future__ import annotations
+
+import json
+
+from millstream import Computation, Context, Record, Timer, Topology, json_field
+
+WINDOW_MS = 1000
+ALPHA = 0.1  # weight of the newest second in the per-query model
+DIP_GAP_MS = 3000  # an active query silent for this long is dipping
+SPIKE_COOLDOWN_MS = 30_000
+
+
+class WindowCounter(Computation):
+    """Counts each query per 1-second window; a low-watermark timer closes each window."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        window = record.timestamp - record.timestamp % WINDOW_MS
+        counts = ctx.get_state({})
+        counts[str(window)] = counts.get(str(window), 0) + 1
+        ctx.set_state(counts)
+        ctx.set_timer(str(window), window + WINDOW_MS)  # fires once the watermark passes it
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        counts = ctx.get_state({})
+        count = counts.pop(timer.tag, 0)
+        window = int(timer.tag)
+        ctx.produce("window_counts", ctx.key, {"q": ctx.key, "w": window, "n": count}, window)
+        if counts:
+            ctx.set_state(counts)
+        else:
+            ctx.delete_state()
+
+
+class ModelCalculator(Computation):
+    """Keeps a long-lived model per query: a moving average of its per-second count."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        window = json.loads(record.value)
+        model = ctx.get_state({"avg": 0.0, "seen": 0, "last": None})
+        if model["last"] is not None:  # seconds without traffic count as zeros
+            silent = max(0, (window["w"] - model["last"]) // WINDOW_MS - 1)
+            model["avg"] *= (1 - ALPHA) ** silent
+        update = {**window, "expected": round(model["avg"], 3), "seen": model["seen"]}
+        ctx.produce("model_updates", ctx.key, update, window["w"])
+        model["avg"] = (1 - ALPHA) * model["avg"] + ALPHA * window["n"]
+        model["seen"] += 1
+        model["last"] = window["w"]
+        ctx.set_state(model)
+
+
+class SpikeDetector(Computation):
+    """A query far above its model is spiking. No timers needed."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        u = json.loads(record.value)
+        quiet_until = ctx.get_state(0)
+        if u["seen"] >= 10 and u["n"] >= max(4 * u["expected"], 12) and u["w"] >= quiet_until:
+            ctx.produce("anomalies", ctx.key, {"type": "spike", **u}, u["w"])
+            ctx.set_state(u["w"] + SPIKE_COOLDOWN_MS)
+
+
+class DipDetector(Computation):
+    """An active query that goes silent is dipping: only the low watermark can tell silence
+    from data still on its way, so the check is a low-watermark timer."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        u = json.loads(record.value)
+        if u["seen"] >= 10 and u["expected"] >= 4:
+            ctx.set_state({"last": u["w"], "expected": u["expected"]})
+            ctx.set_timer("dip", u["w"] + WINDOW_MS + DIP_GAP_MS)
+        else:
+            ctx.delete_timer("dip")
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        last = ctx.get_state({})
+        start = last["last"] + WINDOW_MS
+        anomaly = {"type": "dip", "q": ctx.key, "w": start, "expected": last["expected"]}
+        ctx.produce("anomalies", ctx.key, anomaly, timer.time)
+
+
+def build(app: str, sources: dict[str, object], sinks: dict[str, object], shards: int) -> Topology:
+    """Wire the graph; `sources` and `sinks` come from the demo's configuration."""
+    topology = Topology(app)
+    topology.source("queries", *sources.values())  # type: ignore[arg-type]
+    by_query = json_field("q")
+    topology.computation(
+        "window_counter",
+        WindowCounter(),
+        inputs={"queries": by_query},
+        outputs=["window_counts"],
+        shards=shards,
+    )
+    topology.computation(
+        "model_calculator",
+        ModelCalculator(),
+        inputs=["window_counts"],
+        outputs=["model_updates"],
+        shards=shards,
+    )
+    topology.computation(
+        "spike_detector",
+        SpikeDetector(),
+        inputs=["model_updates"],
+        outputs=["anomalies"],
+        shards=shards,
+    )
+    topology.computation(
+        "dip_detector",
+        DipDetector(),
+        inputs=["model_updates"],
+        outputs=["anomalies"],
+        shards=shards,
+    )
+    for stream, sink in sinks.items():
+        topology.sink(stream, sink)
+    return topology

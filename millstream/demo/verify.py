@@ -1,0 +1,136 @@
+"""Verification of the demo's output against the generator's ground truth.
+
+Ground truth comes from the traffic plan alone; nothing here uses the pipeline's code.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from millstream.demo.generator import WINDOW_MS, Plan, window_truth
+
+DIP_GAP_MS = 3000  # the detector's documented rule, used only to exclude the traffic's end
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class Verdict:
+    checks: list[Check] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def add(self, name: str, passed: bool, detail: str) -> None:
+        self.checks.append(Check(name, passed, detail))
+
+
+def verify(
+    plan: Plan,
+    start_wall_ms: int,
+    window_records: list[bytes],
+    anomaly_records: list[bytes],
+    counters: dict[str, int],
+    closed_before_ms: int,
+) -> Verdict:
+    """Compare sink outputs (as a read_committed reader sees them) with the ground truth.
+
+    `closed_before_ms`: windows ending at or before this wall time must be final and exact.
+    `counters`: the pipeline's own late and duplicate counts for the window counter.
+    """
+    verdict = Verdict()
+    truth = window_truth(plan, start_wall_ms)
+    seen: Counter[tuple[str, int]] = Counter()
+    observed: dict[tuple[str, int], int] = {}
+    for raw in window_records:
+        item = json.loads(raw)
+        seen[(item["q"], item["w"])] += 1
+        observed[(item["q"], item["w"])] = item["n"]
+    doubled = [k for k, n in seen.items() if n > 1]
+    verdict.add(
+        "no window count emitted twice",
+        not doubled,
+        f"{len(doubled)} windows appear more than once"
+        if doubled
+        else f"{len(seen)} windows, each once",
+    )
+    closed = {k: n for k, n in truth.items() if k[1] + WINDOW_MS <= closed_before_ms}
+    wrong = {k: (n, observed.get(k)) for k, n in closed.items() if observed.get(k) != n}
+    extra = [k for k in observed if k not in truth]
+    verdict.add(
+        "every closed window count exact",
+        not wrong and not extra,
+        f"{len(closed)} windows, {sum(closed.values())} events: "
+        + (f"{len(wrong)} wrong (e.g. {next(iter(wrong.items()))}), " if wrong else "")
+        + f"{len(extra)} unexpected",
+    )
+
+    anomalies = [json.loads(raw) for raw in anomaly_records]
+    identities = Counter((a["type"], a["q"], a["w"]) for a in anomalies)
+    twice = [k for k, n in identities.items() if n > 1]
+    verdict.add(
+        "no anomaly reported twice", not twice, f"{len(anomalies)} anomalies, {len(twice)} repeated"
+    )
+
+    end_wall = start_wall_ms + plan.duration_ms
+    latencies: list[float] = []
+    for episode in plan.episodes:
+        begin = start_wall_ms + episode.start_ms
+        finish = start_wall_ms + episode.end_ms
+        for query in episode.queries:
+            hits = [
+                a
+                for a in anomalies
+                if a["type"] == episode.kind
+                and a["q"] == query
+                and begin - WINDOW_MS <= a["w"] <= finish
+            ]
+            if hits:
+                latencies.append((min(a["w"] for a in hits) - begin) / 1000)
+            verdict.add(
+                f"{episode.kind} of {query} at +{episode.start_ms / 1000:.0f}s reported",
+                bool(hits),
+                f"first reported window {min(a['w'] for a in hits) - begin:+d} ms from its start"
+                if hits
+                else "not reported",
+            )
+    expected = {(ep.kind, q) for ep in plan.episodes for q in ep.queries}
+    unexplained = [
+        a
+        for a in anomalies
+        if (a["type"], a["q"]) not in expected
+        and not (a["type"] == "dip" and a["w"] >= end_wall - DIP_GAP_MS - WINDOW_MS)
+    ]
+    verdict.figures["false_positive_anomalies"] = len(unexplained)
+    verdict.figures["anomaly_detection_seconds"] = latencies
+
+    sent_late = plan.counters["late"]
+    verdict.add(
+        "late records counted equal the generator's",
+        counters.get("late", -1) == sent_late,
+        f"pipeline counted {counters.get('late')} late, generator sent {sent_late}",
+    )
+    sent_dup = plan.counters["duplicates"]
+    dropped = counters.get("duplicates", 0) + counters.get("remnants", 0)
+    verdict.add(
+        "duplicates dropped equal the duplicates sent",
+        dropped == sent_dup,
+        f"dropped {dropped} duplicates (plus {counters.get('replays', 0)} replayed deliveries "
+        f"after the crash), generator sent {sent_dup}",
+    )
+    verdict.figures["windows_checked"] = len(closed)
+    verdict.figures["events_checked"] = sum(closed.values())
+    if latencies:
+        verdict.figures["anomaly_detection_median_s"] = statistics.median(latencies)
+    return verdict
