@@ -49,6 +49,11 @@ class BloomFilter:
             probes = h1[:, None] + steps[None, :] * h2[:, None]
         return probes % np.uint64(self.size)
 
+    def contains_positions(self, pos: np.ndarray) -> np.ndarray:
+        """Membership for precomputed probe positions (filters of one shape share them)."""
+        words = self._bits[pos >> np.uint64(6)]
+        return ((words >> (pos & np.uint64(63))) & np.uint64(1)).all(axis=1)
+
     def add_many(self, ids: Sequence[bytes]) -> None:
         if not ids:
             return
@@ -60,10 +65,7 @@ class BloomFilter:
         """For each id: False means certainly absent; True means maybe present."""
         if not ids:
             return []
-        pos = self._positions(ids)
-        words = self._bits[pos >> np.uint64(6)]
-        hit = (words >> (pos & np.uint64(63))) & np.uint64(1)
-        return hit.all(axis=1).tolist()
+        return self.contains_positions(self._positions(ids)).tolist()
 
     def __contains__(self, item: bytes) -> bool:
         return self.contains_many([item])[0]
@@ -119,6 +121,23 @@ class BucketedBloom:
                 out[index] = answer
         self.stats.checks += len(bucketed)
         self.stats.maybe += sum(out)
+        return out
+
+    def maybe_in_any(self, ids: Sequence[bytes]) -> list[list[int]]:
+        """Per id, the buckets whose filter says "maybe"; empty means certainly new everywhere.
+
+        A source may send the same id again with another system time (a client retry), so an
+        id is checked against every live bucket. All filters share one shape, so each id is
+        hashed once and only the bit look-ups repeat per bucket.
+        """
+        out: list[list[int]] = [[] for _ in ids]
+        if ids and self.filters:
+            pos = next(iter(self.filters.values()))._positions(ids)
+            for bucket, bloom in self.filters.items():
+                for index in np.flatnonzero(bloom.contains_positions(pos)).tolist():
+                    out[index].append(bucket)
+        self.stats.checks += len(ids)
+        self.stats.maybe += sum(1 for buckets in out if buckets)
         return out
 
     def drop_below(self, bucket: int) -> None:

@@ -127,6 +127,10 @@ class ShardStore:
         self._live_buckets = sorted(int(score) for _, score in buckets)
         self._pending_count = int(pending)
         self.soft = self._sync(self._cache.get(self.keys))
+        if self.soft.bloom is not None:  # buckets garbage-collected by any owner
+            live = set(self._live_buckets)
+            for bucket in [b for b in self.soft.bloom.filters if b not in live]:
+                del self.soft.bloom.filters[bucket]
         self._cache.put(self.keys, self.soft)
         return self.lease
 
@@ -186,6 +190,9 @@ class ShardStore:
     ) -> list[Verdict]:
         """Classify (id, system_time, position) triples; one catalog round trip for "maybe"s.
 
+        An id is looked for in every live bucket, not only its own: a source may send the same
+        id again with another system time.
+
         The catalog remembers where each id was delivered from, so a batch replayed after a
         failure (same position) is told apart from a duplicate the source sent (new position).
         Duplicates inside the batch are caught too: the first delivery wins.
@@ -203,33 +210,36 @@ class ShardStore:
             else:
                 seen[rid] = position
                 candidates.append(index)
-        bucketed = [(self.bucket_of(records[i][1]), records[i][0]) for i in candidates]
+        ids = [records[i][0] for i in candidates]
         if soft.bloom is not None:
-            maybe = soft.bloom.maybe_contains(bucketed)
-        else:
-            maybe = [True] * len(bucketed)
-        to_read = [(i, b) for i, b, m in zip(candidates, bucketed, maybe, strict=True) if m]
+            maybe = soft.bloom.maybe_in_any(ids)
+        else:  # no filters: every live bucket must be asked
+            live = sorted(set(self._live_buckets) | {self.bucket_of(r[1]) for r in records})
+            maybe = [list(live) for _ in ids]
         stats = self.dedup_stats
         stats.checked += len(records)
-        stats.lookups_avoided += len(candidates) - len(to_read)
-        if to_read:
-            by_bucket: dict[int, list[int]] = {}
-            for index, (bucket, _) in to_read:
+        stats.lookups_avoided += sum(1 for buckets in maybe if not buckets)
+        by_bucket: dict[int, list[int]] = {}
+        for index, buckets in zip(candidates, maybe, strict=True):
+            for bucket in buckets:
                 by_bucket.setdefault(bucket, []).append(index)
+        if by_bucket:
             pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
             order = list(by_bucket.items())
             for bucket, indexes in order:
                 pipe.hmget(self.keys.catalog(bucket), [records[i][0] for i in indexes])
             self.round_trips += 1
+            found: dict[int, bytes] = {}
             for (_, indexes), positions in zip(order, pipe.execute(), strict=True):
                 for index, position in zip(indexes, positions, strict=True):
-                    if position is None:
-                        stats.false_positives += 1
-                    elif position == records[index][2]:
-                        verdicts[index] = Verdict.REPLAY
-                    else:
-                        verdicts[index] = Verdict.DUPLICATE
-            stats.catalog_reads += len(to_read)
+                    if position is not None:
+                        found[index] = position
+            read = {i for indexes in by_bucket.values() for i in indexes}
+            stats.catalog_reads += len(read)
+            stats.false_positives += len(read - set(found))
+            for index, position in found.items():
+                same = position == records[index][2]
+                verdicts[index] = Verdict.REPLAY if same else Verdict.DUPLICATE
         stats.duplicates += sum(v is Verdict.DUPLICATE for v in verdicts)
         stats.replays += sum(v is Verdict.REPLAY for v in verdicts)
         stats.remnants += sum(v is Verdict.REMNANT for v in verdicts)

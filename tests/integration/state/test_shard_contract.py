@@ -34,7 +34,9 @@ def _apply(
     Each delivery comes from a new position unless `positions` says otherwise.
     """
     positions = positions or [uuid.uuid4().bytes for _ in ids]
-    verdicts = store.dedup(list(zip(ids, [system_time] * len(ids), positions, strict=True)), gc_watermark=0)
+    verdicts = store.dedup(
+        list(zip(ids, [system_time] * len(ids), positions, strict=True)), gc_watermark=0
+    )
     states, _ = store.load(["n"], 0, 0)
     new = [(i, p) for i, p, v in zip(ids, positions, verdicts, strict=True) if v is Verdict.NEW]
     txn = store.begin()
@@ -128,6 +130,22 @@ def test_replayed_batch_is_told_apart_from_source_duplicates(
     verdicts = _apply(store, [b"a", b"b", b"b"], positions=[b"t:0:1", b"t:0:2", b"t:0:9"])
     assert verdicts == [Verdict.REPLAY, Verdict.REPLAY, Verdict.DUPLICATE]
     assert store.dedup_stats.replays == 2 and store.dedup_stats.duplicates == 1
+
+
+def test_duplicate_with_another_system_time_is_caught(
+    store_client: Any, redis_namespace: str
+) -> None:
+    """A client retry can carry the same id with a later system time (another bucket)."""
+    keys = ShardKeys(redis_namespace, "c", 9)
+    worker = SoftStateCache()
+    store = _store(store_client, keys, worker)
+    store.acquire()
+    _apply(store, [b"order-1"], system_time=T0)
+    for cache in (worker, SoftStateCache()):  # same worker, and a fresh one that rebuilds
+        store = _store(store_client, keys, cache)
+        store.acquire()
+        later = T0 + 3 * BUCKET_MS
+        assert store.dedup([(b"order-1", later, b"elsewhere")], 0) == [Verdict.DUPLICATE]
 
 
 def test_remnant_behind_gc_watermark_dropped_and_counted(

@@ -1,0 +1,439 @@
+"""Planning for the log-file injector: from one Spark offset and a directory listing to the next.
+
+Runs on the driver (Spark's long-lived planner process). Everything the executors need to read a
+batch, and everything needed to resume, lives in the offset itself; this module holds no state
+between calls. The offset, as JSON:
+
+    {"v": 1,
+     "files": {"<dev>:<ino>:<born>": byte_offset},          # next unread byte, a line start
+     "meta":  {"<dev>:<ino>:<born>": {"name": "app.log.1",   # where it was last seen
+                                      "created": ms,         # its creation estimate
+                                      "seen": bytes,         # its size at the last scan
+                                      "fp": [n, crc32]}},    # crc of its first n bytes
+     "lost":  {"<dev>:<ino>:<born>": [byte_offset, name]},  # unread bytes that vanished
+     "wm": [event_ms, system_ms],
+     "tick": n}
+
+A file's identity is (st_dev, st_ino): stable when rotation renames it. `born` is the plan time
+at which the file was first seen; it separates a file from a later one that reuses its inode
+after deletion, which filesystems do freely (detected by the head fingerprint).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, BinaryIO
+
+from millstream.injectors._logfile_lines import (
+    FINGERPRINT_BYTES,
+    advance_bytes,
+    advance_lines,
+    fingerprint_matches,
+    head_fingerprint,
+    last_line_end,
+)
+
+log = logging.getLogger(__name__)
+
+OFFSET_VERSION = 1
+NOTHING_KNOWN = 0  # the initial watermark: below every real millisecond timestamp
+
+
+# --- the offset ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Tracked:
+    """One file generation the injector follows, and how far it has been admitted."""
+
+    dev: int
+    ino: int
+    born: int
+    offset: int
+    name: str
+    created: int
+    seen: int
+    fp: tuple[int, int]
+
+    @property
+    def key(self) -> str:
+        return f"{self.dev}:{self.ino}:{self.born}"
+
+    @property
+    def inode(self) -> tuple[int, int]:
+        return self.dev, self.ino
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """The decoded Spark offset."""
+
+    files: dict[str, Tracked]
+    lost: dict[str, tuple[int, str]]
+    wm: tuple[int, int]
+    tick: int
+
+    @classmethod
+    def initial(cls) -> Position:
+        return cls({}, {}, (NOTHING_KNOWN, NOTHING_KNOWN), 0)
+
+    def to_offset(self) -> dict[str, Any]:
+        return {
+            "v": OFFSET_VERSION,
+            "files": {k: t.offset for k, t in sorted(self.files.items())},
+            "meta": {
+                k: {"name": t.name, "created": t.created, "seen": t.seen, "fp": list(t.fp)}
+                for k, t in sorted(self.files.items())
+            },
+            "lost": {k: [o, n] for k, (o, n) in sorted(self.lost.items())},
+            "wm": list(self.wm),
+            "tick": self.tick,
+        }
+
+    @classmethod
+    def from_offset(cls, offset: dict[str, Any]) -> Position:
+        if offset.get("v") != OFFSET_VERSION:
+            raise ValueError(
+                f"log-file offset version {offset.get('v')!r} is not {OFFSET_VERSION}; this "
+                "checkpoint was written by another millstream version: start a new checkpoint"
+            )
+        files = {}
+        for key, pos in offset["files"].items():
+            dev, ino, born = (int(x) for x in key.split(":"))
+            meta = offset["meta"][key]
+            files[key] = Tracked(
+                dev,
+                ino,
+                born,
+                int(pos),
+                meta["name"],
+                meta["created"],
+                meta["seen"],
+                (meta["fp"][0], meta["fp"][1]),
+            )
+        lost = {k: (int(v[0]), str(v[1])) for k, v in offset.get("lost", {}).items()}
+        event, system = offset["wm"]
+        return cls(files, lost, (int(event), int(system)), int(offset["tick"]))
+
+    def same_as(self, other: Position) -> bool:
+        """Equal apart from the plan time: nothing for a new batch to do or to announce."""
+        return (
+            self.files == other.files
+            and self.lost == other.lost
+            and self.wm[0] == other.wm[0]
+            and self.tick == other.tick
+        )
+
+
+def split_key(key: str) -> tuple[int, int, int]:
+    dev, ino, born = (int(x) for x in key.split(":"))
+    return dev, ino, born
+
+
+# --- the directory -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A regular file in the watched directory, as stat() saw it."""
+
+    name: str
+    dev: int
+    ino: int
+    size: int
+    mtime_ms: int
+    matched: bool  # its name matches the pattern (only matched files are picked up)
+
+
+def scan_directory(directory: str, pattern: str) -> dict[tuple[int, int], Entry]:
+    """Regular files in `directory` by inode; a file under two names is listed once.
+
+    Every file is listed, not only matching ones, because a tracked file keeps being followed
+    after rotation renames it to a name the pattern no longer matches.
+    """
+    out: dict[tuple[int, int], Entry] = {}
+    for name in sorted(os.listdir(directory)):
+        try:
+            st = os.stat(os.path.join(directory, name))
+        except FileNotFoundError:
+            continue  # deleted between listing and stat
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        entry = Entry(
+            name,
+            st.st_dev,
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns // 1_000_000,
+            fnmatch.fnmatchcase(name, pattern),
+        )
+        known = out.get((entry.dev, entry.ino))
+        if known is None or (entry.matched and not known.matched):
+            out[(entry.dev, entry.ino)] = entry
+    return out
+
+
+def open_verified(directory: str, name: str, inode: tuple[int, int]) -> BinaryIO | None:
+    """Open `name` if it still is the file with `inode` (it may have been renamed since)."""
+    try:
+        fh = open(os.path.join(directory, name), "rb")  # noqa: SIM115 - returned to the caller
+    except OSError:
+        return None
+    st = os.fstat(fh.fileno())
+    if (st.st_dev, st.st_ino) != inode:
+        fh.close()
+        return None
+    return fh
+
+
+# --- the rules -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """The watermark and finished-file rules, from the source options."""
+
+    finished_after_ms: int
+    slack_ms: int
+    tick_ms: int
+    tail_clock: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How much one batch may admit: rows, bytes or files (None: everything available)."""
+
+    rows: int | None = None
+    bytes: int | None = None
+    files: int | None = None
+
+
+def is_finished(
+    mtime_ms: int, created: int, now: int, finished_after_ms: int, others_created: list[int]
+) -> bool:
+    """A file is finished when it has not grown for `finished_after_ms` and a newer file exists.
+
+    Both conditions: a quiet log with no successor may just be idle and grow again, and a
+    rotated-away file may still receive the writer's last lines until the writer reopens.
+    """
+    return now - mtime_ms >= finished_after_ms and any(c > created for c in others_created)
+
+
+def event_watermark(views: list[tuple[int, bool, bool]], clock_wm: int, tail_clock: bool) -> int:
+    """MillWheel Figure 10: the minimum creation time over unfinished files.
+
+    `views` holds (created, unread, finished) per file. A file with unread bytes holds the
+    watermark at its creation time. A fully read, finished file holds nothing. A fully read file
+    that may still grow holds it at its creation time too, unless `tail_clock`, where it holds
+    it at the clock minus slack (lines it receives later are written from now on). The result
+    never exceeds the clock minus slack, which it follows once every file is finished and read.
+    """
+    out = clock_wm
+    for created, unread, finished in views:
+        if unread or not finished:
+            out = min(out, clock_wm if (not unread and tail_clock) else created)
+    return out
+
+
+# --- planning ------------------------------------------------------------------------------------
+FirstTimestamp = Callable[[BinaryIO], int | None]
+
+
+@dataclass(slots=True)
+class Planner:
+    """Computes the next offset. Holds only configuration; positions come in and go out."""
+
+    directory: str
+    pattern: str
+    rules: Rules
+    first_timestamp: FirstTimestamp
+
+    def plan(
+        self,
+        prev: Position,
+        now: int,
+        budget: Budget,
+        caps: dict[tuple[int, int], int] | None = None,
+    ) -> Position:
+        """The offset after `prev`: admitted bytes, watermark and tick at plan time `now`.
+
+        `caps` (Trigger.AvailableNow) freezes the set of files and their sizes at the moment
+        the trigger started (it may gain tracked files the snapshot's listing missed). Returns
+        `prev` itself when nothing changed, so Spark runs no batch.
+        """
+        now = max(now, prev.wm[1])
+        tick = now // self.rules.tick_ms
+        entries = self._scan(prev)
+        if caps is not None:
+            # Untracked files absent from the snapshot are left for a later run; a tracked one
+            # the snapshot missed (a rename raced its listing) is capped where first seen.
+            tracked = {t.inode for t in prev.files.values()}
+            entries = {
+                i: replace(e, size=min(e.size, caps.setdefault(i, e.size)))
+                for i, e in entries.items()
+                if i in caps or i in tracked
+            }
+        handles: dict[str, BinaryIO] = {}
+        try:
+            files, lost = self._reconcile(prev, entries, handles)
+            # A new generation's `born` exceeds every earlier plan time, so no key is ever reused.
+            born = max(now, prev.wm[1] + 1)
+            if self._discover(files, entries, handles, born):
+                now = born
+            files = self._admit(files, entries, handles, budget)
+        finally:
+            for fh in handles.values():
+                fh.close()
+        wm_event = self._watermark(files, entries, now, tick)
+        nxt = Position(files, lost, (max(prev.wm[0], wm_event), prev.wm[1]), tick)
+        if nxt.same_as(prev):
+            return prev
+        return replace(nxt, wm=(nxt.wm[0], now))
+
+    def _scan(self, prev: Position) -> dict[tuple[int, int], Entry]:
+        """List the directory; list it again if a tracked file seems gone.
+
+        A rename between listing a name and stat-ing it hides a file from one listing. Taking a
+        hidden file for deleted would forget it and later re-read it as new, so absence is
+        confirmed by a second listing before a tracked file is dropped.
+        """
+        entries = scan_directory(self.directory, self.pattern)
+        if any(t.inode not in entries for t in prev.files.values()):
+            for inode, entry in scan_directory(self.directory, self.pattern).items():
+                entries.setdefault(inode, entry)
+        return entries
+
+    def _reconcile(
+        self,
+        prev: Position,
+        entries: dict[tuple[int, int], Entry],
+        handles: dict[str, BinaryIO],
+    ) -> tuple[dict[str, Tracked], dict[str, tuple[int, str]]]:
+        """Follow each tracked file to its current name; drop vanished or replaced ones."""
+        files: dict[str, Tracked] = {}
+        lost: dict[str, tuple[int, str]] = {}
+        for key, t in prev.files.items():
+            entry = entries.get(t.inode)
+            fh = open_verified(self.directory, entry.name, t.inode) if entry else None
+            if entry is not None and fh is None:
+                files[key] = t  # renamed under our feet: look again next trigger
+                continue
+            if fh is not None and entry is not None and _same_file(fh, t, entry.size):
+                handles[key] = fh
+                fp = t.fp
+                if fp[0] < FINGERPRINT_BYTES and entry.size > fp[0]:
+                    fp = head_fingerprint(fh, entry.size)
+                files[key] = replace(t, name=entry.name, seen=entry.size, fp=fp)
+                continue
+            if fh is not None:
+                fh.close()
+            gone = "vanished" if entry is None else "was truncated or replaced"
+            if t.seen > t.offset:
+                lost[key] = (t.offset, t.name)
+                log.warning(
+                    "log file %s (%s) %s with bytes from offset %d unread; they are reported "
+                    "as an error row",
+                    t.name,
+                    key,
+                    gone,
+                    t.offset,
+                )
+            else:
+                log.info("log file %s (%s) %s after being read to the end", t.name, key, gone)
+        return files, lost
+
+    def _discover(
+        self,
+        files: dict[str, Tracked],
+        entries: dict[tuple[int, int], Entry],
+        handles: dict[str, BinaryIO],
+        born: int,
+    ) -> bool:
+        """Start following files that match the pattern and are not followed yet."""
+        followed = {t.inode for t in files.values()}
+        found = False
+        for inode, entry in entries.items():
+            if not entry.matched or inode in followed:
+                continue
+            fh = open_verified(self.directory, entry.name, inode)
+            if fh is None:
+                if os.path.exists(os.path.join(self.directory, entry.name)):
+                    log.warning("log file %s matches but cannot be opened; not read", entry.name)
+                continue
+            created = entry.mtime_ms
+            first = self.first_timestamp(fh)
+            if first is not None:
+                created = min(created, first)
+            t = Tracked(
+                inode[0],
+                inode[1],
+                born,
+                0,
+                entry.name,
+                created,
+                entry.size,
+                head_fingerprint(fh, entry.size),
+            )
+            files[t.key] = t
+            handles[t.key] = fh
+            found = True
+        return found
+
+    def _admit(
+        self,
+        files: dict[str, Tracked],
+        entries: dict[tuple[int, int], Entry],
+        handles: dict[str, BinaryIO],
+        budget: Budget,
+    ) -> dict[str, Tracked]:
+        """Advance offsets over complete lines, oldest files first, within the budget."""
+        rows, nbytes, nfiles = budget.rows, budget.bytes, budget.files
+        admitted_any = False
+        out = dict(files)
+        for t in sorted(files.values(), key=lambda t: (t.created, t.born, t.key)):
+            fh = handles.get(t.key)
+            entry = entries.get(t.inode)
+            if fh is None or entry is None or entry.size <= t.offset:
+                continue
+            if rows is not None:
+                if rows <= 0:
+                    break
+                end, count = advance_lines(fh, t.offset, entry.size, rows)
+                rows -= count
+            elif nbytes is not None:
+                if nbytes <= 0:
+                    break
+                end = advance_bytes(fh, t.offset, entry.size, nbytes, at_least_one=not admitted_any)
+                nbytes -= end - t.offset
+            else:
+                if nfiles is not None and nfiles <= 0:
+                    break
+                end = last_line_end(fh, t.offset, entry.size)
+            if end > t.offset:
+                admitted_any = True
+                if nfiles is not None:
+                    nfiles -= 1
+                out[t.key] = replace(t, offset=end)
+        return out
+
+    def _watermark(
+        self,
+        files: dict[str, Tracked],
+        entries: dict[tuple[int, int], Entry],
+        now: int,
+        tick: int,
+    ) -> int:
+        created = [t.created for t in files.values()]
+        views = []
+        for t in files.values():
+            entry = entries.get(t.inode)
+            size = entry.size if entry is not None else t.seen
+            mtime = entry.mtime_ms if entry is not None else now
+            finished = is_finished(mtime, t.created, now, self.rules.finished_after_ms, created)
+            views.append((t.created, size > t.offset, finished))
+        clock_wm = tick * self.rules.tick_ms - self.rules.slack_ms
+        return event_watermark(views, clock_wm, self.rules.tail_clock)
+
+
+def _same_file(fh: BinaryIO, t: Tracked, size: int) -> bool:
+    """Still the generation we follow: not shorter than what we read, and the same head."""
+    return size >= t.offset and size >= t.fp[0] and fingerprint_matches(fh, t.fp)

@@ -1,0 +1,403 @@
+"""The log-file injector: a PySpark streaming source, short name `millstream-logfile`.
+
+    millstream.injectors.register(spark)  # or spark.dataSource.register(LogFileInjector)
+    rows = (spark.readStream.format("millstream-logfile")
+            .option("path", "/var/log/myapp").option("stream", "clicks").load())
+
+It tails the files of one directory that match `pattern`, follows each file by identity
+(st_dev, st_ino) across rotation renames, and emits one row of `INJECTED_SCHEMA` per complete
+line. Positions, file identities and the low watermark all live in Spark's offset (see
+`_logfile_plan` for its JSON), so a restart from the checkpoint resumes exactly and a replayed
+batch yields identical rows.
+
+Options (validated on the driver when the source is created):
+  path                  directory to watch (required, must exist)
+  stream                stream name written into every row (required)
+  pattern               file-name glob of files to pick up (default *.log); a picked-up file is
+                        followed under any later name in the directory
+  format                jsonl (default) | text (value = line, no key, timestamp = system_time)
+  parser                "module:function", line bytes -> (key bytes, timestamp ms, value bytes);
+                        excludes `format`
+  keyField              jsonl key field (default "key"; string or integer)
+  idField               jsonl field holding the record's own id (default: none; the id is
+                        the line's position). Set it when the source may write a record twice.
+  timestampField        jsonl event-time field (default "ts")
+  timestampUnit         ms (default, integers only) | s (integers or fractions)
+  missingTimestamp      error (default: dead-letter the line) | system (use system_time)
+  maxRecordsPerTrigger  admission control in lines per batch (or:)
+  maxBytesPerTrigger    admission control in bytes per batch
+  bytesPerPartition     split large ranges into tasks of this many bytes (default 64 MiB)
+  finishedAfterMs       quiet time after which a file with a newer sibling is finished (60000)
+  tailWatermark         creation (default, Figure 10) | clock (see below)
+  watermarkSlackMs      the clock-following watermark lags the clock by this much (5000)
+  tickMs                clock tick carried in the offset: a batch per tick (default 1000)
+  redis.url, app        publish the watermark to the authority of `app` (both or neither)
+  instance              this injector's name among the stream's injectors (host:path)
+
+Decisions:
+- system_time is the plan time of the batch that delivers the line: the end offset's `wm[1]`.
+  It is checkpointed with the offset, so replays keep it, and it is close to arrival time, so
+  dedup buckets and catalog GC age like Kafka's append time. (A per-file first-seen time would
+  date every line of a day-long log to the morning and hold GC back all day.)
+- Timestamps are integer milliseconds by default; `timestampUnit=s` takes (fractional) seconds,
+  floored to the millisecond exactly. A float in a millisecond field is an error row.
+- A file is finished when it has not been modified for `finishedAfterMs` and a newer file
+  (later creation estimate) is followed: rotation has moved the writer on.
+- A file's creation time is estimated once, when it is first seen, as the smaller of its mtime
+  and the event time of its first complete line. Linux has no portable birth time, and the
+  mtime of a file found with a backlog is later than the lines it holds.
+- Low watermark (MillWheel Figure 10): min over unfinished files of their creation time; a file
+  with unread bytes always counts. It never exceeds clock - `watermarkSlackMs` (the clock is
+  quantised to the tick), which it follows once every file is finished and read. With
+  `tailWatermark=clock`, a file read to its end counts as clock - slack instead of its creation
+  time, so a log that is never rotated still advances the watermark. Monotonic; published to
+  Redis when Spark has finished the batch whose end offset carries it.
+- A malformed line becomes a row with `error` set (the raw line as value): never dropped.
+  Bytes that vanish before they are read (a file deleted or truncated under the reader) become an
+  error row too, at the first lost offset.
+
+Limits: the directory must be visible at the same path on the driver and every executor (local
+mode or a shared mount). Files are followed within the directory only; a file rotated into
+another directory or compressed into a new file is not. A file rewritten in place (copytruncate)
+is recognised as new when it shrinks below the read position or its first 64 bytes change.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import redis
+from millstream.injectors._logfile_lines import NEWLINE, PROBE, strip_cr
+from millstream.injectors._logfile_parse import (
+    TIMESTAMP_UNITS,
+    BadLine,
+    JsonLinesParser,
+    Parser,
+    load_parser,
+    parse_line,
+    text_parser,
+)
+from millstream.injectors._logfile_plan import (
+    Budget,
+    Planner,
+    Position,
+    Rules,
+    scan_directory,
+)
+from millstream.injectors._logfile_read import SliceReader, slices
+from millstream.injectors.schema import INJECTED_SCHEMA
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxFiles,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from millstream.errors import ConfigurationError, TransientError
+
+SHORT_NAME = "millstream-logfile"
+FORMATS = ("jsonl", "text")
+MISSING_TIMESTAMP = ("error", "system")
+TAIL_WATERMARK = ("creation", "clock")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class LogFileOptions:
+    """Validated source options. Built on the driver, so mistakes fail before any task runs."""
+
+    path: str
+    stream: str
+    pattern: str = "*.log"
+    format: str = "jsonl"
+    parser: str | None = None
+    key_field: str = "key"
+    id_field: str | None = None
+    timestamp_field: str = "ts"
+    timestamp_unit: str = "ms"
+    missing_timestamp: str = "error"
+    max_records_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    bytes_per_partition: int = 64 << 20
+    finished_after_ms: int = 60_000
+    tail_watermark: str = "creation"
+    watermark_slack_ms: int = 5_000
+    tick_ms: int = 1_000
+    redis_url: str | None = None
+    app: str | None = None
+    instance: str = ""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> LogFileOptions:
+        """Parse Spark's (case-insensitive) string options; every error names option and fix."""
+        opts = {k.lower(): v for k, v in options.items()}
+        path = _required(opts, "path", "the directory holding the log files")
+        if not os.path.isdir(path):
+            raise ConfigurationError(
+                f"option 'path': {path!r} is not an existing directory; create it or point "
+                "'path' at the directory the logs are written to"
+            )
+        path = os.path.abspath(path)
+        fmt = _choice(opts, "format", FORMATS, "jsonl")
+        parser = opts.get("parser") or None
+        if parser is not None:
+            if "format" in opts:
+                raise ConfigurationError(
+                    "options 'format' and 'parser' exclude each other: drop 'format' when a "
+                    "custom parser reads the lines"
+                )
+            load_parser(parser)
+        max_rows = _optional_int(opts, "maxRecordsPerTrigger", minimum=1)
+        max_bytes = _optional_int(opts, "maxBytesPerTrigger", minimum=1)
+        if max_rows is not None and max_bytes is not None:
+            raise ConfigurationError(
+                "options 'maxRecordsPerTrigger' and 'maxBytesPerTrigger' exclude each other: "
+                "set one"
+            )
+        redis_url = opts.get("redis.url") or None
+        app = opts.get("app") or None
+        if redis_url is not None and app is None:
+            raise ConfigurationError(
+                "option 'app' is required with 'redis.url': the watermark is published under "
+                "the application's namespace"
+            )
+        pattern = opts.get("pattern", "*.log")
+        if not pattern or "/" in pattern:
+            raise ConfigurationError(
+                f"option 'pattern' must be a file-name glob such as '*.log', got {pattern!r}"
+            )
+        return cls(
+            path=path,
+            stream=_required(opts, "stream", "the name of the stream the lines feed"),
+            pattern=pattern,
+            format=fmt,
+            parser=parser,
+            key_field=opts.get("keyfield", "key"),
+            timestamp_field=opts.get("timestampfield", "ts"),
+            id_field=opts.get("idfield") or None,
+            timestamp_unit=_choice(opts, "timestampUnit", TIMESTAMP_UNITS, "ms"),
+            missing_timestamp=_choice(opts, "missingTimestamp", MISSING_TIMESTAMP, "error"),
+            max_records_per_trigger=max_rows,
+            max_bytes_per_trigger=max_bytes,
+            bytes_per_partition=_int(opts, "bytesPerPartition", 64 << 20, minimum=1),
+            finished_after_ms=_int(opts, "finishedAfterMs", 60_000, minimum=0),
+            tail_watermark=_choice(opts, "tailWatermark", TAIL_WATERMARK, "creation"),
+            watermark_slack_ms=_int(opts, "watermarkSlackMs", 5_000, minimum=0),
+            tick_ms=_int(opts, "tickMs", 1_000, minimum=1),
+            redis_url=redis_url,
+            app=app,
+            instance=opts.get("instance") or f"{socket.gethostname()}:{path}",
+        )
+
+    def line_parser(self) -> tuple[Parser, str]:
+        """The configured parser and the name error rows use for it."""
+        if self.parser is not None:
+            return load_parser(self.parser), self.parser
+        if self.format == "text":
+            return text_parser, "text"
+        parser = JsonLinesParser(
+            self.key_field, self.timestamp_field, self.timestamp_unit, self.id_field
+        )
+        return parser, "jsonl"
+
+
+def _required(opts: dict[str, str], name: str, what: str) -> str:
+    value = opts.get(name)
+    if not value:
+        raise ConfigurationError(f"option '{name}' is required: {what}")
+    return value
+
+
+def _choice(opts: dict[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    value = opts.get(name.lower(), default)
+    if value not in choices:
+        raise ConfigurationError(
+            f"option '{name}' must be one of {', '.join(choices)}; got {value!r}"
+        )
+    return value
+
+
+def _int(opts: dict[str, str], name: str, default: int, *, minimum: int) -> int:
+    value = _optional_int(opts, name, minimum=minimum)
+    return default if value is None else value
+
+
+def _optional_int(opts: dict[str, str], name: str, *, minimum: int) -> int | None:
+    raw = opts.get(name.lower())
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ConfigurationError(f"option '{name}' must be an integer >= {minimum}, got {raw!r}")
+    return value
+
+
+class LogFileInjector(DataSource):
+    """Spark entry point; options are validated here, on the driver."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.settings = LogFileOptions.from_options(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return SHORT_NAME
+
+    def schema(self) -> StructType:
+        return INJECTED_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return LogFileStreamReader(self.settings)
+
+
+class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Thin adapter from Spark's camelCase calls to the planner and the slice reader.
+
+    Spark calls `initialOffset`, `latestOffset`, `partitions` and `commit` on the driver's
+    planner process and `read` in executor Python workers. The reader keeps no positions: it
+    holds only the AvailableNow snapshot, which Spark asks it to remember, and the last
+    watermark it published, to skip redundant Redis calls.
+    """
+
+    def __init__(self, settings: LogFileOptions) -> None:
+        self.settings = settings
+        parser, parser_name = settings.line_parser()
+        self._slices = SliceReader(
+            stream=settings.stream,
+            directory=settings.path,
+            parser=parser,
+            parser_name=parser_name,
+            system_timestamps=settings.missing_timestamp == "system" or settings.format == "text",
+        )
+        self._planner = Planner(
+            directory=settings.path,
+            pattern=settings.pattern,
+            rules=Rules(
+                finished_after_ms=settings.finished_after_ms,
+                slack_ms=settings.watermark_slack_ms,
+                tick_ms=settings.tick_ms,
+                tail_clock=settings.tail_watermark == "clock",
+            ),
+            first_timestamp=partial(first_line_timestamp, parser),
+        )
+        # AvailableNow: the files and sizes present when the trigger started, and that moment.
+        self._snapshot: tuple[dict[tuple[int, int], int], int] | None = None
+        self._published: tuple[int, int] | None = None  # skips needless Redis round trips
+
+    # --- Spark calls (driver) ----------------------------------------------------------------
+    def initialOffset(self) -> dict[str, Any]:
+        return Position.initial().to_offset()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.settings.max_records_per_trigger is not None:
+            return ReadMaxRows(self.settings.max_records_per_trigger)
+        if self.settings.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.settings.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Plan the next batch. Also publishes `start`'s watermark: see `commit`."""
+        prev = Position.from_offset(start)
+        self._publish(prev)
+        caps, now = None, _now_ms()
+        if self._snapshot is not None:
+            caps, now = self._snapshot
+        nxt = self._planner.plan(prev, now, _budget(limit), caps)
+        return start if nxt is prev else nxt.to_offset()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        entries = scan_directory(self.settings.path, self.settings.pattern)
+        for inode, entry in scan_directory(self.settings.path, self.settings.pattern).items():
+            entries.setdefault(inode, entry)  # a rename may hide a file from one listing
+        self._snapshot = ({i: e.size for i, e in entries.items()}, _now_ms())
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        return slices(
+            Position.from_offset(start),
+            Position.from_offset(end),
+            self.settings.bytes_per_partition,
+        )
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark finished the batch ending at `end`: publish its watermark (monotonic in Redis).
+
+        Spark calls commit(end) only while planning the *next* batch, so the last batch of an
+        AvailableNow run is never committed in that run. `latestOffset(start)` therefore
+        publishes `start`'s watermark too: Spark runs one batch at a time and writes its commit
+        log before planning the next, so the batch ending at `start` is done by then (on a
+        restart, an uncommitted batch is re-run before any planning).
+        """
+        self._publish(Position.from_offset(end))
+
+    def _publish(self, position: Position) -> None:
+        if self.settings.redis_url is None or position.wm[1] == Position.initial().wm[1]:
+            return  # no Redis, or nothing planned yet: no estimate to publish
+        last = self._published
+        if last is not None and position.wm[0] <= last[0] and position.wm[1] <= last[1]:
+            return  # already raised at least this far by this process
+        publish_watermark(self.settings, position.wm)
+        self._published = position.wm
+
+    # --- executors -----------------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._slices.read(partition)
+
+
+def first_line_timestamp(parser: Parser, fh: BinaryIO) -> int | None:
+    """Event time of the file's first complete line, if it has one: a creation estimate."""
+    fh.seek(0)
+    head = fh.read(PROBE)
+    nl = head.find(NEWLINE)
+    if nl < 0:
+        return None
+    try:
+        ts = parse_line(parser, strip_cr(head[:nl]), "")[1]
+    except BadLine:
+        return None
+    return ts
+
+
+def _budget(limit: ReadLimit) -> Budget:
+    if isinstance(limit, ReadMaxRows):
+        return Budget(rows=limit.max_rows)
+    if isinstance(limit, ReadMaxBytes):
+        return Budget(bytes=limit.max_bytes)
+    if isinstance(limit, ReadMaxFiles):
+        return Budget(files=limit.max_files)
+    return Budget()  # ReadAllAvailable; ReadMinRows is never our default, so read what is there
+
+
+def publish_watermark(settings: LogFileOptions, wm: tuple[int, int]) -> None:
+    """Raise this instance's injector watermark in the authority; Redis keeps the maximum."""
+    from millstream.state.client import connect
+    from millstream.state.watermarks import Watermark, WatermarkAuthority
+
+    assert settings.redis_url is not None and settings.app is not None
+    authority = WatermarkAuthority(connect(settings.redis_url), settings.app)
+    try:
+        authority.publish_injector(settings.stream, settings.instance, Watermark(*wm))
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise TransientError(
+            f"publishing the watermark of stream {settings.stream!r} failed: {exc}; check that "
+            "Redis is up (the query fails, and on restart the batch commits and publishes again)"
+        ) from exc
+
+
+__all__ = ["SHORT_NAME", "LogFileInjector", "LogFileOptions", "LogFileStreamReader"]
