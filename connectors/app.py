@@ -60,11 +60,36 @@ def endpoints(settings: Settings) -> Iterator[Endpoints]:
         yield Endpoints(redis_url=redis_url, kafka=kafka)
 
 
+def ship_user_code(topology: Topology) -> None:
+    """Pickle user computations and key extractors by value when executors cannot import them.
+
+    A computation defined in a script or a test module is not importable in Spark's Python
+    workers; cloudpickle then sends its code along instead of a module reference.
+    """
+    from pyspark import cloudpickle
+
+    objects: list[Any] = []
+    for spec in topology.computations.values():
+        objects.append(type(spec.computation))
+        objects.extend(spec.inputs.values())
+    for obj in objects:
+        module = sys.modules.get(getattr(obj, "__module__", "") or "")
+        if module is None or module.__name__ == "__main__":
+            continue
+        if module.__name__.split(".")[0] == "millstream":
+            continue
+        origin = getattr(module, "__file__", "") or ""
+        if "site-packages" in origin or "dist-packages" in origin:
+            continue
+        cloudpickle.register_pickle_by_value(module)
+
+
 class Application:
     """The running queries of one topology."""
 
     def __init__(self, topology: Topology, settings: Settings, ends: Endpoints, spark: Any):
         topology.validate()
+        ship_user_code(topology)
         self.topology = topology
         self.settings = settings
         self.endpoints = ends

@@ -20,6 +20,7 @@ from millstream.connectors.delivery import deliver_all
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.serde import serde_named
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
+from millstream.sinks._kafka import HEADER_ID, HEADER_SYSTEM_TIME, decode_time_header
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardStore, Verdict
@@ -52,19 +53,13 @@ def header(headers: Iterable[Any] | None, name: str) -> bytes | None:
     return None
 
 
-def _int_header(raw: bytes | None) -> int | None:
-    if raw is None:
-        return None
-    return int(raw.decode()) if raw[:1].isdigit() or raw[:1] == b"-" else int.from_bytes(raw, "big")
-
-
 def to_record(item: TaskInput, internal: frozenset[str]) -> Record:
     """Internal streams carry the production's id and system time in headers."""
     row = item.row
     rid, system_time = row[ID], row[SYSTEM]
     if row[STREAM] in internal:
-        rid = header(row[HEADERS], "ms-id") or rid
-        system_time = _int_header(header(row[HEADERS], "ms-system-time")) or system_time
+        rid = header(row[HEADERS], HEADER_ID) or rid
+        system_time = decode_time_header(header(row[HEADERS], HEADER_SYSTEM_TIME)) or system_time
     return Record(
         key=item.key or "",
         value=row[VALUE] or b"",

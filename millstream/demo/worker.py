@@ -33,8 +33,8 @@ def topology_from(config: dict[str, Any]) -> Topology:
         ),
     }
     sinks = {
-        "window_counts": KafkaTransactionalSink(kafka, topic=str(config["window_topic"])),
-        "anomalies": KafkaTransactionalSink(kafka, topic=str(config["anomaly_topic"])),
+        "window_counts": KafkaTransactionalSink(kafka, str(config["window_topic"])),
+        "anomalies": KafkaTransactionalSink(kafka, str(config["anomaly_topic"])),
     }
     topology = build(str(config["app"]), sources, sinks, int(config["shards"]))
     topology.out_of_order_ms["queries"] = int(config["max_out_of_order_ms"])
