@@ -18,7 +18,6 @@ from typing import Any
 from millstream.connectors.driver import DEFAULT_PARTITIONS, ComputationRunner, Endpoints
 from millstream.connectors.topics import ensure_topics
 from millstream.connectors.topology import Topology
-
 from millstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -37,6 +36,7 @@ def spark_session(settings: Settings, app_name: str) -> Any:
         SparkSession.builder.master(settings.spark_master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")

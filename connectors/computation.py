@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 from millstream.connectors.serde import Serde, encode_value
-
 from millstream.errors import ConfigurationError
 from millstream.records import Production, Record, TimeDomain, Timer
 

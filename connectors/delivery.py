@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.connectors.plan import BatchPlan
+from millstream.records import Production
 from millstream.state.client import connect
 from millstream.state.watermarks import Watermark, WatermarkAuthority
-
-from millstream.records import Production
 
 _SINKS: dict[tuple[str, str, str, int], Any] = {}
 _LOCK = threading.Lock()

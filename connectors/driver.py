@@ -19,6 +19,7 @@ from millstream.connectors.delivery import Target
 from millstream.connectors.plan import BatchPlan, TaskInput, shard_of
 from millstream.connectors.shard_task import ERROR, ID, KEY, STREAM, VALUE, ShardResult, run_shard
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
+from millstream.settings import Settings
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys, app_key
 from millstream.state.shard import ShardConfig, oldest_work
@@ -31,8 +32,6 @@ from millstream.state.watermarks import (
     now_ms,
     percentile_watermark,
 )
-
-from millstream.settings import Settings
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4

@@ -15,19 +15,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from millstream.connectors.computation import Context
 from millstream.connectors.delivery import deliver_all
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.serde import serde_named
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
+from millstream.errors import ConfigurationError, FencedError, MillstreamError
+from millstream.records import Production, Record, Timer
 from millstream.sinks._kafka import HEADER_ID, HEADER_SYSTEM_TIME, decode_time_header
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardStore, Verdict
 from millstream.state.timers import firing_order
-
-from millstream.errors import FencedError, MillstreamError
-from millstream.records import Production, Record, Timer
 
 log = logging.getLogger(__name__)
 FENCED_RETRIES = 3
@@ -267,7 +268,17 @@ def _run_once(
     # 5. deliver, then 6. acknowledge
     outstanding = {p.id: p for p in [*pending, *txn.productions]}
     if outstanding:
-        delivered = deliver_all(plan, spec.name, store.keys.shard, list(outstanding.values()))
+        try:
+            delivered = deliver_all(plan, spec.name, store.keys.shard, list(outstanding.values()))
+        except ConfigurationError:
+            raise
+        except (MillstreamError, KafkaException) as exc:
+            # The checkpoints stay: the shard's next batch (or next owner) delivers them again,
+            # and they hold the watermark meanwhile. Nothing is lost, nothing is doubled.
+            log.warning("shard %s: delivery failed, will retry: %s", store.keys.tag, exc)
+            runner.count("delivery_failures")
+            result.counters = runner.counters
+            return result
         ack = store.begin()
         ack.ack(delivered)
         ack.count("delivered", len(delivered))

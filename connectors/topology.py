@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from millstream.connectors.computation import Computation
 from millstream.connectors.serde import SERDES
-
 from millstream.errors import ConfigurationError
 
 KeyExtractor = Callable[[bytes | None, bytes], str]

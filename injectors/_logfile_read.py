@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+
 from millstream.injectors._logfile_lines import (
     TruncatedError,
     fingerprint_matches,
@@ -24,8 +27,6 @@ from millstream.injectors._logfile_lines import (
 from millstream.injectors._logfile_parse import BadLine, Parser, parse_line
 from millstream.injectors._logfile_plan import Position, open_verified, split_key
 from millstream.injectors.schema import INJECTED_SCHEMA
-from pyspark.sql.datasource import InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
 
 ARROW_SCHEMA = to_arrow_schema(INJECTED_SCHEMA, timezone="UTC")
 BATCH_ROWS = 4096

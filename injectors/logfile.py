@@ -74,6 +74,18 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 import redis
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxFiles,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from millstream.errors import ConfigurationError, TransientError
 from millstream.injectors._logfile_lines import NEWLINE, PROBE, strip_cr
 from millstream.injectors._logfile_parse import (
     TIMESTAMP_UNITS,
@@ -93,18 +105,6 @@ from millstream.injectors._logfile_plan import (
 )
 from millstream.injectors._logfile_read import SliceReader, slices
 from millstream.injectors.schema import INJECTED_SCHEMA
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxBytes,
-    ReadMaxFiles,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
-
-from millstream.errors import ConfigurationError, TransientError
 
 SHORT_NAME = "millstream-logfile"
 FORMATS = ("jsonl", "text")

@@ -446,7 +446,7 @@ def start_redis(
 ) -> RedisService:
     """A private redis-server on loopback; `appendonly=True` fsyncs each write (restart tests)."""
     binary = _redis_server_bin()
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()
 
     def make(p: int) -> RedisService:
         data = workdir / f"redis-{p}"
@@ -487,7 +487,7 @@ def start_kafka(
 ) -> KafkaService:
     """Tansu on loopback; `memory://` loses everything on restart (see `start_kafka_durable`)."""
     binary = _tansu_bin()
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()
     cluster_id = new_cluster_id()
 
     def make(p: int) -> KafkaService:
@@ -587,7 +587,9 @@ def embedded_services(settings: Settings, workdir: Path | None = None) -> Iterat
             f"{' and '.join(missing)} unset while MILLSTREAM_EMBEDDED=never: set them, "
             "or use MILLSTREAM_EMBEDDED=auto to start embedded services."
         )
-    folder = Path(workdir) if workdir is not None else Path(settings.state_dir) / "embedded"
+    folder = (
+        Path(workdir) if workdir is not None else Path(settings.state_dir) / "embedded"
+    ).resolve()
     detached = infra_status(folder)
     started: list[EmbeddedService] = []
     with _unwind_on_signals():

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from millstream.records import Production, TimeDomain, Timer
 from millstream.state import _codec
 from millstream.state.bloom import BucketedBloom
 from millstream.state.keys import ShardKeys
@@ -20,8 +21,6 @@ from millstream.state.timers import parse_timer
 from millstream.state.transaction import COMMIT_LOG_KEEP, ShardTransaction
 from millstream.state.watermarks import NO_WORK, Watermark
 from millstream.state.wire import decode_production
-
-from millstream.records import Production, TimeDomain, Timer
 
 STATE_CACHE_LIMIT = 100_000  # cached per-key states per shard before the cache is cleared
 

@@ -7,13 +7,13 @@ import logging
 from dataclasses import dataclass, field
 
 import redis
+
+from millstream.errors import FencedError, TransientError
+from millstream.records import Production, TimeDomain
 from millstream.state import _codec
 from millstream.state.lease import Lease
 from millstream.state.timers import timer_member
 from millstream.state.wire import encode_production
-
-from millstream.errors import FencedError, TransientError
-from millstream.records import Production, TimeDomain
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from millstream.state import _codec
-
 from millstream.records import Production
+from millstream.state import _codec
 
 
 def _int(value: int) -> bytes:

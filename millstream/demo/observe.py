@@ -21,17 +21,17 @@ class WatermarkSampler(threading.Thread):
         super().__init__(name="wm-sampler", daemon=True)
         self.authority = WatermarkAuthority(client, app)
         self.samples: list[dict[str, Any]] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def latest(self, stage: str) -> int | None:
         wm = self.authority.published(stage)
         return wm.event if wm is not None and wm.event > UNKNOWN else None
 
     def run(self) -> None:
-        while not self._stop.wait(1.0):
+        while not self._halt.wait(1.0):
             try:
                 now = now_ms()
                 sample: dict[str, Any] = {"t": now}
@@ -59,14 +59,14 @@ class ResultWatcher(threading.Thread):
         )
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.first_seen: dict[tuple[str, int], int] = {}
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 message = self.consumer.poll(0.2)
                 if message is None or message.error():
                     continue

@@ -28,10 +28,10 @@ class TrafficPlayer(threading.Thread):
         self.producer = Producer({**kafka, "enable.idempotence": True, "linger.ms": 5})
         self.sent = 0
         self.error: BaseException | None = None
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         try:
@@ -45,7 +45,7 @@ class TrafficPlayer(threading.Thread):
         rotations = 0
         next_rotation = ROTATE_EVERY_MS
         for event in self.plan.events:
-            if self._stop.is_set():
+            if self._halt.is_set():
                 break
             due = self.start_wall_ms + event.send_ms
             delay = due / 1000 - time.time()

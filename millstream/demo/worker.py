@@ -30,6 +30,8 @@ def topology_from(config: dict[str, Any]) -> Topology:
             timestampField="ts",
             idField="id",
             finishedAfterMs="2000",
+            tailWatermark="clock",  # a fully read live file: the clock minus the slack
+            watermarkSlackMs="1500",
         ),
     }
     sinks = {

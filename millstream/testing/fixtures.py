@@ -35,7 +35,6 @@ from millstream.testing.infra import (
     acquire_kafka,
     acquire_redis,
     create_topic,
-    delete_topics,
     plan_infra,
     spark_session_for_tests,
     start_redis_cluster,
@@ -185,20 +184,17 @@ def kafka_bootstrap(kafka_service: KafkaHandle) -> str:
 
 @pytest.fixture
 def kafka_topic_factory(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
-    """`make(partitions=1, name=None, config=None) -> topic`: fresh topics, deleted afterwards."""
-    created: list[str] = []
+    """`make(partitions=1, name=None, config=None) -> topic`: fresh uuid-named topics."""
 
     def make(
         partitions: int = 1, name: str | None = None, config: Mapping[str, str] | None = None
     ) -> str:
-        topic = create_topic(kafka_bootstrap, partitions=partitions, name=name, config=config)
-        created.append(topic)
-        return topic
+        return create_topic(kafka_bootstrap, partitions=partitions, name=name, config=config)
 
-    try:
-        yield make
-    finally:
-        delete_topics(kafka_bootstrap, created)
+    # Topics are uuid-named and left in place: deleting a topic on the embedded broker shortly
+    # after a consumer fetched it crashes librdkafka's metadata cache (a Tansu defect), and
+    # injectors keep consumers cached in Spark's Python workers across tests.
+    yield make
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
 from millstream.connectors.app import Application
 from millstream.connectors.driver import Endpoints
 from millstream.connectors.topology import Topology
-
 from millstream.settings import Settings
 
 

@@ -9,9 +9,9 @@ from collections import Counter
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from millstream.state.keys import app_key
 
 from millstream import Computation, Context, Record, Topology, kafka_source
+from millstream.state.keys import app_key
 from tests.e2e.conftest import wait_until
 
 

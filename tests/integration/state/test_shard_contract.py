@@ -6,13 +6,13 @@ import uuid
 from typing import Any
 
 import pytest
+
+from millstream.errors import FencedError
+from millstream.records import Production, TimeDomain
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict, oldest_work
 from millstream.state.transaction import TransactionStatus
 from millstream.state.watermarks import NO_WORK, Watermark
-
-from millstream.errors import FencedError
-from millstream.records import Production, TimeDomain
 
 BUCKET_MS = 60_000
 T0 = 1_700_000_000_000

@@ -1,0 +1,159 @@
+"""Driver side of the Kafka injector: choose each micro-batch's end offset and watermark.
+
+Runs in Spark's planner process, which lives as long as the query, so the probe consumer and
+the last known high watermarks are kept on the planner between triggers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from millstream.errors import ConfigurationError
+from millstream.injectors._kafka_offsets import InjectorOffset, TopicPartition, allocate
+from millstream.injectors._kafka_options import Extractor, KafkaInjectorOptions, load_extractor
+from millstream.injectors._kafka_probe import EARLIEST, PartitionProbe, Peek
+from millstream.injectors.watermark import (
+    PartitionProgress,
+    advance,
+    idle_watermark,
+    injector_watermark,
+)
+from millstream.state.watermarks import Watermark, now_ms
+
+log = logging.getLogger(__name__)
+
+
+class OffsetPlanner:
+    """Plans [start, end) ranges: admission control, AvailableNow targets, watermark, tick."""
+
+    def __init__(self, options: KafkaInjectorOptions, probe: PartitionProbe | None = None) -> None:
+        self._options = options
+        self._probe = probe or PartitionProbe(options)
+        log.info("millstream-kafka planner for %s", options.describe())
+        self._known_high: dict[TopicPartition, int] = {}
+        self._targets: dict[TopicPartition, int] | None = None
+        self._ts_extractor: Extractor | None = None
+        if options.timestamp_extractor:
+            try:
+                self._ts_extractor = load_extractor(
+                    options.timestamp_extractor, "timestampExtractor"
+                )
+            except ConfigurationError as exc:
+                # Validated when the source was created; files shipped with addPyFile may
+                # not be importable in the planner process. Executors import it again, and
+                # fail the query if they cannot; here it only refines the estimate.
+                log.warning("watermark estimate uses Kafka timestamps: %s", exc)
+
+    # ---------------------------------------------------------------- probing helpers
+
+    def _probe_at(self, at: Mapping[TopicPartition, int]) -> dict[TopicPartition, Peek]:
+        peeks = self._probe.probe(at)
+        for tp, peek in peeks.items():
+            self._known_high[tp] = peek.high
+        return peeks
+
+    def _record_times(self, peek: Peek, now: int) -> Watermark | None:
+        """(event, system) ms of a peeked record; None when the peek found no record."""
+        if peek.offset is None:
+            return None
+        system = peek.timestamp
+        if system is None:  # a record without timestamp (message format v0): assume "now"
+            system = idle_watermark(now, self._options.idle_slack_ms).system
+        event = system
+        if self._ts_extractor is not None:
+            try:
+                value = self._ts_extractor(peek.key, peek.value, peek.headers or [])
+                if isinstance(value, int) and not isinstance(value, bool):
+                    event = value
+            except Exception as exc:  # the executor turns this record into an error row
+                log.debug("timestampExtractor failed on a peeked record: %s", exc)
+        return Watermark(event, system)
+
+    # ---------------------------------------------------------------- Spark entry points
+
+    def initial(self) -> InjectorOffset:
+        """Starting positions: the first record of each partition, or each partition's end."""
+        now = now_ms()
+        tps = self._probe.partitions()
+        peeks = self._probe_at({tp: EARLIEST for tp in tps})
+        positions: dict[TopicPartition, int] = {}
+        progress: list[PartitionProgress] = []
+        for tp in tps:
+            peek = peeks[tp]
+            if self._options.starting_offsets == "latest" or peek.offset is None:
+                positions[tp] = peek.high
+                progress.append(PartitionProgress(None))
+            else:
+                positions[tp] = peek.offset
+                progress.append(PartitionProgress(self._record_times(peek, now)))
+        estimate = injector_watermark(progress, now, self._options.idle_slack_ms)
+        return InjectorOffset(positions, estimate, now // self._options.tick_ms)
+
+    def freeze_targets(self) -> None:
+        """Trigger.AvailableNow: read up to today's ends and no further (new partitions too)."""
+        tps = self._probe.partitions()
+        peeks = self._probe_at({tp: self._known_high.get(tp, EARLIEST) for tp in tps})
+        self._targets = {tp: peek.high for tp, peek in peeks.items()}
+
+    def latest(self, start: InjectorOffset, limit: int | None) -> InjectorOffset | None:
+        """The next batch's end offset, or None when Spark should not run a batch yet.
+
+        A batch runs when there are records to read, or, with nothing to read, once per tick
+        (so the watermark moves and wall-time timers come due). Under AvailableNow no batch
+        runs after the targets are reached, which is what ends the query.
+        """
+        now = now_ms()
+        options = self._options
+        tps = self._probe.partitions()
+        positions = {tp: start.positions[tp] for tp in tps if tp in start.positions}
+        new = [tp for tp in tps if tp not in start.positions]
+
+        # 1. Fresh high watermarks. Skipped when admission control cannot reach the ends we
+        #    already know: the probe at the end offsets (step 3) refreshes them anyway.
+        known = all(tp in self._known_high for tp in positions)
+        backlog = sum(max(0, self._known_high.get(tp, 0) - pos) for tp, pos in positions.items())
+        first: dict[TopicPartition, Peek] = {}
+        at: dict[TopicPartition, int] = {tp: EARLIEST for tp in new}
+        if not (limit is not None and known and backlog >= limit and self._targets is None):
+            at.update({tp: max(p, self._known_high.get(tp, p)) for tp, p in positions.items()})
+        if at:
+            first = self._probe_at(at)
+        high = {tp: self._known_high.get(tp, pos) for tp, pos in positions.items()}
+
+        # 2. Admission control over what is available (capped at the AvailableNow targets).
+        cap = dict(high)
+        if self._targets is not None:
+            cap = {tp: min(h, self._targets.get(tp, positions[tp])) for tp, h in high.items()}
+        quota = allocate({tp: cap[tp] - pos for tp, pos in positions.items()}, limit)
+        end = {tp: pos + quota[tp] for tp, pos in positions.items()}
+
+        # 3. The next unread record of every partition with lag (its time is the watermark).
+        peeks: dict[TopicPartition, Peek] = {
+            tp: first[tp] for tp in end if tp in first and at.get(tp) == end[tp]
+        }
+        missing = {tp: e for tp, e in end.items() if e < high[tp] and tp not in peeks}
+        peeks.update(self._probe_at(missing))
+        progress = [
+            PartitionProgress(self._record_times(peeks[tp], now) if e < high[tp] else None)
+            for tp, e in end.items()
+        ]
+        # New partitions join at their first record: nothing is read from them in this batch.
+        for tp in new:
+            peek = first[tp]
+            end[tp] = peek.high if peek.offset is None else peek.offset
+            progress.append(PartitionProgress(self._record_times(peek, now)))
+        # Partitions that vanished from the metadata keep their position.
+        for tp, pos in start.positions.items():
+            end.setdefault(tp, pos)
+
+        estimate = injector_watermark(progress, now, options.idle_slack_ms)
+        watermark = advance(start.watermark, estimate)
+        tick = now // options.tick_ms
+        moved = any(end[tp] != start.positions.get(tp) for tp in end)
+        if not moved and (self._targets is not None or tick == start.tick):
+            return None
+        return InjectorOffset(end, watermark, max(tick, start.tick))
+
+    def close(self) -> None:
+        self._probe.close()

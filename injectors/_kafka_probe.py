@@ -1,0 +1,206 @@
+"""Driver side of the Kafka injector: partitions, end offsets and the next record, by fetching.
+
+How end offsets are learned, and why (verified on Tansu 0.6.0 with confluent-kafka 2.16):
+
+* ListOffsets "latest" (`get_watermark_offsets(cached=False)`, `OFFSET_END`) is wrong on
+  Tansu: it answers the base offset of the last record batch + 1 (1 instead of 500 for 500
+  records produced in batches), so an injector built on it would stall inside the last batch.
+  `offsets_for_times` answers 0. Neither is used.
+* A Fetch response carries the partition's high watermark, and it is right on Tansu as on
+  Apache Kafka. So a probe assigns a consumer at a chosen offset and waits for the first event
+  of each partition: a record (the first one at or after the offset) or a PARTITION_EOF event
+  (the offset is the end). librdkafka stores the response's high watermark before it enqueues
+  the records, so `get_watermark_offsets(tp, cached=True)` read after that event belongs to this
+  fetch. One probe is one fetch round trip: 1-5 ms on loopback.
+* `fetch.wait.max.ms=0` makes Tansu never answer an empty fetch (the probe hangs); 1 ms works
+  on both brokers, and an empty probe then costs about two waits (~4 ms on Tansu).
+* The probe reads `read_uncommitted` on purpose: under `read_committed` a fetch beyond the last
+  stable offset returns neither records nor EOF while a transaction is open. On Apache Kafka the
+  high watermark can therefore lie beyond the last stable offset; executors reading
+  `read_committed` then wait for that transaction to end, as every read_committed consumer
+  does, and skip aborted records and markers (see `_kafka_read`).
+* The probe consumer is built once per reader (the planner process lives as long as the query)
+  and unassigned after each probe, so it does not keep fetching between triggers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
+
+from millstream.errors import ConfigurationError, MillstreamError, TransientError
+from millstream.injectors._kafka_offsets import TopicPartition, tp_key
+from millstream.injectors._kafka_options import KafkaInjectorOptions
+
+log = logging.getLogger(__name__)
+
+EARLIEST = OFFSET_BEGINNING  # a logical offset: "the first record" (ListOffsets earliest)
+METADATA_REFRESH_S = 30.0
+PROBE_TIMEOUT_S = 30.0
+
+Headers = list[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    """What one fetch told about a partition at a probed offset."""
+
+    high: int  # high watermark: the offset after the last record
+    offset: int | None  # first record at or after the probed offset; None: nothing there
+    timestamp: int | None = None  # that record's Kafka timestamp (ms), None if it has none
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: Headers | None = None
+
+
+def next_events(consumer: Consumer, limit: int, timeout: float) -> list[Any]:
+    """Whatever is queued (up to `limit`), waiting at most `timeout` only when nothing is.
+
+    `Consumer.consume(n, timeout)` waits for all n messages, so a range that ends in offsets
+    without records (markers, gaps) would cost the whole timeout; this never does.
+    """
+    messages = consumer.consume(limit, timeout=0)
+    if messages:
+        return messages  # type: ignore[no-any-return]
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(max(1, limit - 1), timeout=0)]
+
+
+def broker_error(err: KafkaError, what: str, servers: str) -> MillstreamError:
+    """Map a librdkafka error to what the caller must do."""
+    code = err.code()
+    if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+        return ConfigurationError(
+            f"{what}: offset out of range ({err.str()}). Records the checkpoint points at were "
+            "deleted by retention or the topic was recreated: that is data loss. Start the "
+            "query from a new checkpoint folder to accept it."
+        )
+    if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+        return ConfigurationError(
+            f"{what}: the topic does not exist on {servers} ({err.str()}); create it first."
+        )
+    if code in (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError._AUTHENTICATION,
+        KafkaError._SSL,
+    ):
+        return ConfigurationError(
+            f"{what}: {err.str()}; check the kafka.security.*, kafka.sasl.* and kafka.ssl.* "
+            "options."
+        )
+    return TransientError(f"{what}: {err.str()} (broker {servers})")
+
+
+class PartitionProbe:
+    """Fetch-based partition metadata, high watermarks and peeks, for one query's planner."""
+
+    def __init__(self, options: KafkaInjectorOptions) -> None:
+        self._options = options
+        self._consumer: Consumer | None = None
+        self._partitions: list[TopicPartition] = []
+        self._listed_at = -METADATA_REFRESH_S
+
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            config = self._options.client_config(
+                **{
+                    "isolation.level": "read_uncommitted",
+                    "fetch.wait.max.ms": 1,
+                    "max.partition.fetch.bytes": 65536,
+                    "client.id": f"millstream-injector-probe-{self._options.stream}",
+                }
+            )
+            try:
+                self._consumer = Consumer(config)
+            except KafkaException as exc:
+                raise ConfigurationError(
+                    f"cannot create a Kafka consumer from the kafka.* options: {exc}"
+                ) from None
+        return self._consumer
+
+    def partitions(self) -> list[TopicPartition]:
+        """Every partition of the input topics; re-read from metadata every 30 s."""
+        now = time.monotonic()
+        if now - self._listed_at < METADATA_REFRESH_S and self._partitions:
+            return self._partitions
+        servers = self._options.bootstrap_servers
+        found: list[TopicPartition] = []
+        for topic in self._options.topics:
+            try:
+                meta = self._client().list_topics(topic, timeout=PROBE_TIMEOUT_S).topics.get(topic)
+            except KafkaException as exc:
+                raise broker_error(exc.args[0], f"metadata of topic {topic!r}", servers) from None
+            if meta is None or meta.error is not None:
+                err = meta.error if meta is not None else None
+                if err is not None and err.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise broker_error(err, f"metadata of topic {topic!r}", servers)
+                raise ConfigurationError(
+                    f"input topic {topic!r} does not exist on {servers}: create it first "
+                    "(millstream never creates input topics), or fix the topics option."
+                )
+            found.extend((topic, p) for p in sorted(meta.partitions))
+        self._partitions = found
+        self._listed_at = now
+        return found
+
+    def probe(self, at: Mapping[TopicPartition, int]) -> dict[TopicPartition, Peek]:
+        """Fetch once at each given offset (or EARLIEST); one round trip for all partitions."""
+        if not at:
+            return {}
+        consumer = self._client()
+        servers = self._options.bootstrap_servers
+        consumer.assign([KafkaTP(t, p, offset) for (t, p), offset in at.items()])
+        seen: dict[TopicPartition, Any] = {}
+        try:
+            deadline = time.monotonic() + PROBE_TIMEOUT_S
+            while len(seen) < len(at):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = ", ".join(tp_key(tp) for tp in at if tp not in seen)
+                    raise TransientError(
+                        f"Kafka at {servers} sent no fetch response for {missing} within "
+                        f"{PROBE_TIMEOUT_S:.0f} s; is the broker up and the partition led?"
+                    )
+                for message in next_events(consumer, 1000, min(remaining, 1.0)):
+                    tp = (message.topic(), message.partition())
+                    if tp not in at or tp in seen:
+                        continue
+                    err = message.error()
+                    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                        raise broker_error(err, f"probing {tp_key(tp)}", servers)
+                    seen[tp] = message
+            return {tp: self._peek(consumer, tp, message) for tp, message in seen.items()}
+        finally:
+            consumer.unassign()
+
+    def _peek(self, consumer: Consumer, tp: TopicPartition, message: Any) -> Peek:
+        _, high = consumer.get_watermark_offsets(KafkaTP(*tp), cached=True)
+        if message.error() is not None:  # PARTITION_EOF: the offset is the fetch position = end
+            return Peek(high=max(high, message.offset()), offset=None)
+        offset = message.offset()
+        kind, stamp = message.timestamp()
+        return Peek(
+            high=max(high, offset + 1),
+            offset=offset,
+            timestamp=stamp if kind != 0 else None,
+            key=message.key(),
+            value=message.value(),
+            headers=message.headers() or [],
+        )
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            try:
+                consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("closing the probe consumer: %s", exc)

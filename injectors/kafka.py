@@ -1,0 +1,155 @@
+"""The Kafka injector: a PySpark streaming data source, short name `millstream-kafka`.
+
+    spark.dataSource.register(KafkaInjector)
+    df = (spark.readStream.format("millstream-kafka")
+          .option("bootstrap.servers", "localhost:9092").option("topics", "orders")
+          .option("redis.url", "redis://localhost:6379/0").load())
+
+Rows follow `INJECTED_SCHEMA`. Records are never dropped: a record whose id or event time
+cannot be derived becomes a row with `error` set, for the runtime to dead-letter.
+
+This module is the thin adapter with Spark's camelCase methods; the work is elsewhere:
+`_kafka_options` (validation), `_kafka_plan` + `_kafka_probe` (driver: end offsets and
+watermark), `_kafka_read` (executors: one partition's range into Arrow), `watermark` (the
+estimation rule), `_kafka_offsets` (the offset format, admission control, record ids).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import redis
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from millstream.errors import TransientError
+from millstream.injectors._kafka_offsets import InjectorOffset
+from millstream.injectors._kafka_options import (
+    OPTIONS,
+    SHORT_NAME,
+    KafkaInjectorOptions,
+    options_from_settings,
+)
+from millstream.injectors._kafka_plan import OffsetPlanner
+from millstream.injectors._kafka_read import KafkaRange, read_range
+from millstream.injectors.schema import INJECTED_SCHEMA
+from millstream.state.client import connect
+from millstream.state.watermarks import Watermark, WatermarkAuthority
+
+__all__ = ["OPTIONS", "KafkaInjector", "KafkaRange", "KafkaStreamReader", "options_from_settings"]
+
+log = logging.getLogger(__name__)
+
+
+class KafkaInjector(DataSource):
+    """Options are validated here, on the driver, before any task runs (see `OPTIONS`)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.parsed = KafkaInjectorOptions.parse(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return SHORT_NAME
+
+    def schema(self) -> StructType:
+        return INJECTED_SCHEMA
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        return KafkaStreamReader(self.parsed)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Spark calls `initialOffset`, `latestOffset`, `partitions` and `commit` on the driver (one
+    long-lived planner process per query) and `read` on executors (a copy of this object)."""
+
+    def __init__(self, options: KafkaInjectorOptions) -> None:
+        self._options = options
+        self._planner: OffsetPlanner | None = None
+        self._authority: WatermarkAuthority | None = None
+        self._published: Watermark | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only the options travel to executors; clients stay with the driver.
+        return {"_options": self._options, "_planner": None, "_authority": None, "_published": None}
+
+    def _plan(self) -> OffsetPlanner:
+        if self._planner is None:
+            self._planner = OffsetPlanner(self._options)
+        return self._planner
+
+    # ---------------------------------------------------------------- driver
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._plan().initial().to_json()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self._options.max_records_per_trigger
+        return ReadMaxRows(limit) if limit is not None else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._plan().freeze_targets()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        # Only ReadMaxRows limits; the engine passes ReadAllAvailable to mean "no limit".
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        begin = InjectorOffset.from_json(start)
+        # The micro-batch engine asks for the batch after `start` only once the batch ending
+        # at `start` is committed, so its watermark may be published now. Spark commits a
+        # batch to the source only when it builds the next one: without this, the last batch
+        # of an AvailableNow run would never publish its watermark.
+        self._publish(begin.watermark)
+        end = self._plan().latest(begin, max_rows)
+        # Returning `start` itself (same JSON text) tells Spark there is no new batch.
+        return start if end is None else end.to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """One task per partition with records in [start, end); empty ranges get no task."""
+        first = InjectorOffset.from_json(start).positions
+        last = InjectorOffset.from_json(end).positions
+        return [
+            KafkaRange(topic, partition, first.get((topic, partition), stop), stop)
+            for (topic, partition), stop in sorted(last.items())
+            if stop > first.get((topic, partition), stop)
+        ]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """The batch up to `end` is processed: publish the watermark stored in `end`."""
+        self._publish(InjectorOffset.from_json(end).watermark)
+
+    def _publish(self, watermark: Watermark) -> None:
+        """Raise the injector's watermark in Redis (the authority keeps it monotonic)."""
+        if not self._options.redis_url or watermark == self._published:
+            return
+        try:
+            if self._authority is None:
+                self._authority = WatermarkAuthority(
+                    connect(self._options.redis_url), self._options.app
+                )
+            self._authority.publish_injector(
+                self._options.stream, self._options.instance, watermark
+            )
+            self._published = watermark
+        except (TransientError, redis.ConnectionError, redis.TimeoutError) as exc:
+            # Safe to skip: the watermark only holds; the next batch publishes a newer one.
+            log.warning("injector watermark not published this batch: %s", exc)
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+            self._planner = None
+
+    # ---------------------------------------------------------------- executors
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaRange), type(partition)
+        return read_range(self._options, partition)

@@ -1,0 +1,381 @@
+"""What an Apache Kafka `read_committed` consumer would see, computed from raw record batches.
+
+Some brokers (Tansu 0.6) write COMMIT/ABORT control markers correctly but serve aborted
+transactional records to `read_committed` consumers anyway. This reader fetches the raw log
+(`isolation_level=READ_UNCOMMITTED`, control batches included) with kafka-python's protocol and
+record-batch parser and applies the markers itself, as Apache Kafka does:
+
+- non-transactional records count;
+- transactional records count only if the next control marker of the same producer id is COMMIT;
+- nothing at or after the first offset of a still-open transaction counts (the consumer stops at
+  the last stable offset).
+
+So exactly-once output can be verified on such a broker. `probe_aborted_leak()` tells whether
+the broker has the defect, so a test can report a plain consumer's view as an expected failure
+there and assert it everywhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
+from kafka.protocol.parser import KafkaProtocol
+from kafka.record import MemoryRecords
+
+from millstream.errors import MillstreamError, TransientError
+
+_OFFSET_OUT_OF_RANGE = 1
+_RETRIABLE_FETCH = {3, 5, 6, 7, 9, 14, 15, 56, 74, 75, 76}  # unknown tp, leader moves, timeouts
+_CAPS = {"Metadata": 8, "Fetch": 11, "ListOffsets": 5}  # newest non-flexible versions we use
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedRecord:
+    """One record a read_committed consumer would receive."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+    headers: tuple[tuple[str, bytes | None], ...]
+    producer_id: int
+    transactional: bool
+
+    def header(self, name: str) -> bytes | None:
+        """The first header called `name`, or None."""
+        return next((v for k, v in self.headers if k == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class RawBatch:
+    """A record batch as stored, data or control, with its records."""
+
+    base_offset: int
+    next_offset: int
+    producer_id: int
+    producer_epoch: int
+    transactional: bool
+    control: bool
+    records: tuple[Any, ...]  # kafka-python DefaultRecord / ControlRecord
+
+
+class _Connection:
+    """One blocking socket to a broker speaking kafka-python's request/response classes."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self._sock = socket.create_connection((host, port), timeout=timeout)
+        self._sock.settimeout(timeout)
+        self._proto = KafkaProtocol(client_id="millstream-committed-reader")
+        self._versions: dict[int, tuple[int, int]] = {}
+        response = self.request(ApiVersionsRequest[0]())
+        self._versions = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+
+    def version(self, cls: Any, name: str) -> int:
+        broker_min, broker_max = self._versions.get(cls.API_KEY, (0, _CAPS[name]))
+        ours_min, _ours_max = cls.valid_versions
+        chosen = min(_CAPS[name], broker_max)
+        if chosen < max(broker_min, ours_min):
+            raise MillstreamError(
+                f"the broker supports {name} v{broker_min}-{broker_max}; this reader speaks "
+                f"v{ours_min}-{_CAPS[name]}: upgrade kafka-python or the broker"
+            )
+        return chosen
+
+    def request(self, request: Any) -> Any:
+        self._proto.send_request(request)
+        self._sock.sendall(self._proto.send_bytes())
+        while True:
+            data = self._sock.recv(1 << 20)
+            if not data:
+                raise TransientError("the broker closed the connection")
+            responses = self._proto.receive_bytes(data)
+            if responses:
+                return responses[0][1]
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _split(bootstrap: str) -> tuple[str, int]:
+    first = bootstrap.split(",")[0].strip()
+    for prefix in ("PLAINTEXT://", "plaintext://"):
+        first = first.removeprefix(prefix)
+    host, _, port = first.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _leaders(bootstrap: str, topic: str, timeout: float) -> dict[int, tuple[str, int]]:
+    """partition -> (host, port) of its leader."""
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = _Connection(*_split(bootstrap), timeout)
+        try:
+            version = conn.version(MetadataRequest, "Metadata")
+            request = MetadataRequest[version](
+                topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
+                allow_auto_topic_creation=False,
+            )
+            response = conn.request(request)
+        finally:
+            conn.close()
+        brokers = {b.node_id: (b.host, b.port) for b in response.brokers}
+        (meta,) = [t for t in response.topics if t.name == topic]
+        if meta.error_code == 0 and meta.partitions:
+            return {p.partition_index: brokers[p.leader_id] for p in meta.partitions}
+        if time.monotonic() > deadline:
+            raise MillstreamError(f"topic {topic!r}: metadata error code {meta.error_code}")
+        time.sleep(0.1)
+
+
+def _earliest(conn: _Connection, topic: str, partition: int) -> int:
+    version = conn.version(ListOffsetsRequest, "ListOffsets")
+    request = ListOffsetsRequest[version](
+        replica_id=-1,
+        isolation_level=0,
+        topics=[
+            ListOffsetsRequest.ListOffsetsTopic(
+                name=topic,
+                partitions=[
+                    ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+                        partition_index=partition, timestamp=-2
+                    )
+                ],
+            )
+        ],
+    )
+    part = conn.request(request).topics[0].partitions[0]
+    if part.error_code:
+        raise MillstreamError(f"{topic}[{partition}]: ListOffsets error code {part.error_code}")
+    return int(part.offset)
+
+
+def read_raw(
+    bootstrap: str, topic: str, partition: int, *, timeout: float = 10.0
+) -> tuple[list[RawBatch], int]:
+    """Every record batch of one partition from the log start, and the high watermark."""
+    host, port = _leaders(bootstrap, topic, timeout)[partition]
+    conn = _Connection(host, port, timeout)
+    try:
+        return _fetch_all(conn, topic, partition, timeout)
+    finally:
+        conn.close()
+
+
+def _fetch_all(
+    conn: _Connection, topic: str, partition: int, timeout: float
+) -> tuple[list[RawBatch], int]:
+    """Fetch from the log start up to the high watermark."""
+    version = conn.version(FetchRequest, "Fetch")
+    position, max_bytes = 0, 8 << 20
+    deadline = time.monotonic() + timeout
+    out: list[RawBatch] = []
+    while True:
+        request = FetchRequest[version](
+            replica_id=-1,
+            max_wait_ms=10,  # Tansu answers max_wait_ms=0 with an empty response
+            min_bytes=0,
+            max_bytes=max_bytes,
+            isolation_level=0,  # raw log, aborted data and control batches included
+            topics=[
+                FetchRequest.FetchTopic(
+                    topic=topic,
+                    partitions=[
+                        FetchRequest.FetchTopic.FetchPartition(
+                            partition=partition,
+                            fetch_offset=position,
+                            partition_max_bytes=max_bytes,
+                        )
+                    ],
+                )
+            ],
+        )
+        responses = conn.request(request).responses
+        if not responses or not responses[0].partitions:
+            if time.monotonic() > deadline:
+                raise TransientError(f"{topic}[{partition}]: the broker returned no fetch data")
+            continue
+        part = responses[0].partitions[0]
+        if part.error_code == _OFFSET_OUT_OF_RANGE and position == 0:
+            position = _earliest(conn, topic, partition)
+            continue
+        if part.error_code in _RETRIABLE_FETCH and time.monotonic() < deadline:
+            time.sleep(0.1)
+            continue
+        if part.error_code:
+            raise MillstreamError(f"{topic}[{partition}]: Fetch error code {part.error_code}")
+        records = MemoryRecords(bytes(part.records or b""))
+        advanced = False
+        while records.has_next():
+            batch = records.next_batch()
+            if batch is None:
+                break
+            next_offset = batch.base_offset + batch.last_offset_delta + 1
+            if next_offset <= position:
+                continue
+            out.append(
+                RawBatch(
+                    base_offset=batch.base_offset,
+                    next_offset=next_offset,
+                    producer_id=batch.producer_id,
+                    producer_epoch=batch.producer_epoch,
+                    transactional=bool(batch.is_transactional),
+                    control=bool(batch.is_control_batch),
+                    records=tuple(r for r in batch if r.offset >= position),
+                )
+            )
+            position, advanced = next_offset, True
+        if position >= part.high_watermark:
+            return out, int(part.high_watermark)
+        if not advanced:
+            if max_bytes >= 256 << 20 or time.monotonic() > deadline:
+                raise MillstreamError(f"{topic}[{partition}]: no progress at offset {position}")
+            max_bytes *= 2  # a batch larger than the fetch size
+
+
+def apply_markers(topic: str, partition: int, batches: list[RawBatch]) -> list[CommittedRecord]:
+    """The read_committed view of one partition's batches (see the module docstring)."""
+    visible: list[CommittedRecord] = []
+    open_txns: dict[int, list[CommittedRecord]] = {}
+    open_first: dict[int, int] = {}
+    for batch in batches:
+        if batch.control:
+            pending = open_txns.pop(batch.producer_id, [])
+            open_first.pop(batch.producer_id, None)
+            committed = any(getattr(r, "type", None) == 1 for r in batch.records)
+            if committed:
+                visible.extend(pending)
+            continue
+        rows = [
+            CommittedRecord(
+                topic=topic,
+                partition=partition,
+                offset=r.offset,
+                key=r.key,
+                value=r.value,
+                timestamp=r.timestamp,
+                headers=tuple((k, v) for k, v in r.headers),
+                producer_id=batch.producer_id,
+                transactional=batch.transactional,
+            )
+            for r in batch.records
+        ]
+        if batch.transactional:
+            open_txns.setdefault(batch.producer_id, []).extend(rows)
+            open_first.setdefault(batch.producer_id, batch.base_offset)
+        else:
+            visible.extend(rows)
+    stable = min(open_first.values(), default=None)  # the last stable offset
+    rows = sorted(visible, key=lambda r: r.offset)
+    return rows if stable is None else [r for r in rows if r.offset < stable]
+
+
+def read_committed(bootstrap: str, topic: str, *, timeout: float = 10.0) -> list[CommittedRecord]:
+    """All records of `topic` an Apache Kafka read_committed consumer would see now,
+    ordered by (partition, offset)."""
+    out: list[CommittedRecord] = []
+    for partition, (host, port) in sorted(_leaders(bootstrap, topic, timeout).items()):
+        conn = _Connection(host, port, timeout)
+        try:
+            batches, _high_watermark = _fetch_all(conn, topic, partition, timeout)
+            out.extend(apply_markers(topic, partition, batches))
+        finally:
+            conn.close()
+    return out
+
+
+def read_with_consumer(
+    bootstrap: str,
+    topic: str,
+    *,
+    isolation_level: str = "read_committed",
+    idle_s: float = 1.5,
+    timeout: float = 20.0,
+) -> list[Any]:
+    """What a plain confluent-kafka consumer with this isolation level receives (assign(),
+    from the beginning, until nothing new arrives for `idle_s`). Returns its Messages."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"millstream-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation_level,
+            "fetch.wait.max.ms": 50,
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=timeout).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        out: list[Any] = []
+        end = time.monotonic() + timeout
+        last = time.monotonic()
+        while time.monotonic() < end and time.monotonic() - last < idle_s:
+            msg = consumer.poll(0.1)
+            if msg is None or msg.error():
+                continue
+            out.append(msg)
+            last = time.monotonic()
+        return out
+    finally:
+        consumer.close()
+
+
+_PROBES: dict[str, bool] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def probe_aborted_leak(bootstrap: str, *, timeout: float = 20.0) -> bool:
+    """True when the broker serves aborted transactional records to read_committed consumers.
+
+    Produces one record in a transaction that is flushed and aborted, then one in a committed
+    transaction, on a fresh topic, and reads it with a plain confluent-kafka consumer. Apache
+    Kafka: False. Tansu 0.6: True (a broker defect). Cached per bootstrap for the process.
+    """
+    with _PROBE_LOCK:
+        if bootstrap in _PROBES:
+            return _PROBES[bootstrap]
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"millstream-probe-aborted-{uuid.uuid4().hex}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics(
+        [NewTopic(topic, num_partitions=1, replication_factor=-1, config={"retention.ms": "-1"})]
+    )[topic].result(timeout=timeout)
+    try:
+        producer = Producer(
+            {"bootstrap.servers": bootstrap, "transactional.id": topic, "linger.ms": 0}
+        )
+        producer.init_transactions(timeout)
+        producer.begin_transaction()
+        producer.produce(topic, value=b"aborted")
+        producer.flush(timeout)
+        producer.abort_transaction(timeout)
+        producer.begin_transaction()
+        producer.produce(topic, value=b"committed")
+        producer.commit_transaction(timeout)
+        seen: set[bytes] = set()
+        end = time.monotonic() + timeout
+        while b"committed" not in seen and time.monotonic() < end:
+            seen |= {m.value() for m in read_with_consumer(bootstrap, topic, idle_s=1.0)}
+        if b"committed" not in seen:
+            raise TransientError(f"probe: the committed record on {topic!r} never arrived")
+        leak = b"aborted" in seen
+    finally:
+        for future in admin.delete_topics([topic]).values():
+            with contextlib.suppress(Exception):
+                future.result(timeout=timeout)
+    with _PROBE_LOCK:
+        _PROBES[bootstrap] = leak
+    return leak

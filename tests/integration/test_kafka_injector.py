@@ -1,0 +1,527 @@
+"""The Kafka injector under a real broker, real Redis and real Spark.
+
+Ground truth comes from the producer's delivery reports (topic, partition, offset of every
+record written), never from the injector: each test checks the injector's rows against what
+the broker acknowledged.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from millstream.injectors._kafka_offsets import derived_id
+from millstream.injectors._kafka_read import close_consumers
+from millstream.injectors.kafka import KafkaInjector, KafkaRange
+from millstream.state.client import connect
+from millstream.state.watermarks import Watermark, WatermarkAuthority
+from millstream.testing.infra import create_topic
+
+pytestmark = pytest.mark.spark
+
+FORMAT = "millstream-kafka"
+Row = dict[str, Any]
+Headers = list[tuple[str, bytes | None]]
+Record = tuple[int, bytes | None, bytes | None, int, Any]  # partition, key, value, ts, headers
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: list[Record],
+) -> list[tuple[int, int]]:
+    """Write (partition, key, value, timestamp ms, headers); return (partition, offset) each."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    placed: list[tuple[int, int] | None] = [None] * len(records)
+    errors: list[Any] = []
+
+    def report(index: int) -> Callable[[Any, Any], None]:
+        def done(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(err)
+            else:
+                placed[index] = (msg.partition(), msg.offset())
+
+        return done
+
+    for i, (partition, key, value, ts, headers) in enumerate(records):
+        producer.produce(
+            topic,
+            key=key,
+            value=value,
+            partition=partition,
+            timestamp=ts,
+            headers=headers,
+            on_delivery=report(i),
+        )
+    assert producer.flush(30) == 0
+    assert not errors, errors
+    assert all(p is not None for p in placed)
+    return [p for p in placed if p is not None]
+
+
+def simple_records(n: int, base_ts: int, partitions: int = 2) -> list[Any]:
+    """Key i, a 20-byte value, ts base + i; headers on every 7th (a duplicate and a null)."""
+    out = []
+    for i in range(n):
+        headers = [("h", b"\x00\xff%d" % i), ("h", b"dup"), ("nil", None)] if i % 7 == 0 else None
+        out.append((i % partitions, b"k%d" % i, b"v" * 19 + bytes([i % 256]), base_ts + i, headers))
+    return out
+
+
+class Runner:
+    """Runs the injector into a foreachBatch that collects rows on the driver."""
+
+    def __init__(self, spark: Any, checkpoint: str) -> None:
+        self.spark = spark
+        self.checkpoint = checkpoint
+        self.batches: list[tuple[int, list[Row]]] = []
+        self.on_batch: Callable[[int, list[Row]], None] | None = None
+
+    def _writer(self, options: dict[str, str]) -> Any:
+        def capture(df: Any, batch_id: int) -> None:
+            rows = [r.asDict(recursive=True) for r in df.collect()]
+            self.batches.append((batch_id, rows))
+            if self.on_batch is not None:
+                self.on_batch(batch_id, rows)
+
+        frame = self.spark.readStream.format(FORMAT).options(**options).load()
+        return frame.writeStream.foreachBatch(capture).option("checkpointLocation", self.checkpoint)
+
+    def available_now(self, options: dict[str, str], timeout: float = 180) -> list[Row]:
+        """One run up to the ends that exist now; returns the rows it delivered."""
+        before = len(self.batches)
+        query = self._writer(options).trigger(availableNow=True).start()
+        try:
+            finished = query.awaitTermination(timeout)
+        except Exception as exc:  # StreamingQueryException: the query failed
+            raise AssertionError(f"query failed: {exc}") from exc
+        finally:
+            query.stop()
+        assert finished, "availableNow query did not finish"
+        return [row for _, rows in self.batches[before:] for row in rows]
+
+    def start(self, options: dict[str, str], interval: str = "200 milliseconds") -> Any:
+        return self._writer(options).trigger(processingTime=interval).start()
+
+
+@pytest.fixture(scope="module")
+def spark_kafka(spark: Any) -> Any:
+    spark.dataSource.register(KafkaInjector)
+    return spark
+
+
+@pytest.fixture
+def runner(spark_kafka: Any, tmp_checkpoint: str) -> Runner:
+    return Runner(spark_kafka, tmp_checkpoint)
+
+
+@pytest.fixture
+def new_topic(kafka_bootstrap: str) -> Callable[..., str]:
+    """Fresh uniquely named topics, deliberately not deleted afterwards.
+
+    On Tansu, deleting a topic that a consumer fetched moments before crashes librdkafka
+    (SIGSEGV in rd_kafka_metadata_cache_find, reproduced with confluent-kafka 2.16), and the
+    injector caches its consumers in Spark's Python workers, where such a crash would fail a
+    later test's task. Test topics die with the session's broker instead.
+    """
+
+    def make(partitions: int = 1) -> str:
+        return create_topic(kafka_bootstrap, partitions=partitions)
+
+    return make
+
+
+def headers_of(row: Row) -> Headers:
+    return [(h["key"], h["value"]) for h in row["headers"]]
+
+
+def check_rows(rows: list[Row], topic: str, records: list[Any], placed: list[Any]) -> None:
+    """Every produced record exactly once, byte-exact, with a stable derived id."""
+    by_position = {(row["partition"], row["offset"]): row for row in rows}
+    assert len(by_position) == len(rows), "a record was delivered twice"
+    assert set(by_position) == set(placed), "records missing or extra"
+    for (partition, key, value, ts, headers), where in zip(records, placed, strict=True):
+        row = by_position[where]
+        assert row["id"] == derived_id(topic, *where)
+        assert (row["key"], row["value"]) == (key, value)
+        assert (row["timestamp"], row["system_time"]) == (ts, ts)
+        assert headers_of(row) == (headers or [])
+        assert (row["stream"], row["source"], row["partition"]) == (topic, topic, partition)
+        assert row["error"] is None
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_every_record_once_and_restart_reads_only_new_records(
+    runner: Runner, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=2)
+    options = {"bootstrap.servers": kafka_bootstrap, "topics": topic}
+    first = simple_records(120, base_ts=1_700_000_000_000)
+    placed = produce(kafka_bootstrap, topic, first)
+
+    rows = runner.available_now(options)
+    check_rows(rows, topic, first, placed)
+
+    # Same checkpoint, more data: only the new records come, with ids from their positions.
+    more = simple_records(45, base_ts=1_700_000_100_000)
+    placed_more = produce(kafka_bootstrap, topic, more)
+    again = runner.available_now(options)
+    check_rows(again, topic, more, placed_more)
+
+    # Nothing new: a third run delivers nothing.
+    assert runner.available_now(options) == []
+
+
+def test_replayed_batch_reads_exactly_the_same_rows(
+    runner: Runner, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """A batch whose foreachBatch failed is replayed from the offset log after a restart: it
+    must yield the same rows, even though more records arrived in between."""
+    topic = new_topic(partitions=2)
+    options = {"bootstrap.servers": kafka_bootstrap, "topics": topic}
+    first = simple_records(60, base_ts=1_700_000_000_000)
+    placed = produce(kafka_bootstrap, topic, first)
+
+    def fail(batch_id: int, rows: list[Row]) -> None:
+        raise RuntimeError("injected failure after reading the batch")
+
+    runner.on_batch = fail
+    with pytest.raises(AssertionError, match="injected failure"):
+        runner.available_now(options)
+    (failed_id, failed_rows), *_ = runner.batches
+    assert len(failed_rows) == 60
+
+    later = simple_records(30, base_ts=1_700_000_200_000)
+    placed_later = produce(kafka_bootstrap, topic, later)
+    runner.on_batch = None
+    runner.batches.clear()
+    runner.available_now(options)
+    replay_id, replay_rows = runner.batches[0]
+    assert replay_id == failed_id
+    key = lambda r: (r["partition"], r["offset"])  # noqa: E731
+    assert sorted(replay_rows, key=key) == sorted(failed_rows, key=key)
+    rest = [row for _, rows in runner.batches[1:] for row in rows]
+    check_rows(rest, topic, later, placed_later)
+    check_rows(replay_rows, topic, first, placed)
+
+
+def test_max_records_per_trigger_and_watermark_never_passes_a_pending_record(
+    runner: Runner,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    redis_url: str,
+    redis_namespace: str,
+) -> None:
+    topic = new_topic(partitions=2)
+    records = simple_records(100, base_ts=1_700_000_000_000)
+    placed = produce(kafka_bootstrap, topic, records)
+    authority = WatermarkAuthority(connect(redis_url), redis_namespace)
+    published: list[tuple[int, int | None]] = []
+
+    def observe(batch_id: int, rows: list[Row]) -> None:
+        # Spark commits batch N-1 to the source before it runs batch N.
+        current = authority.injector_stream(topic)
+        published.append((current.event, min((r["timestamp"] for r in rows), default=None)))
+
+    runner.on_batch = observe
+    rows = runner.available_now(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "topics": topic,
+            "maxRecordsPerTrigger": "30",
+            "redis.url": redis_url,
+            "app": redis_namespace,
+            "idleSlackMs": "5000",
+        }
+    )
+    check_rows(rows, topic, records, placed)
+    sizes = [len(batch) for _, batch in runner.batches]
+    assert max(sizes) <= 30 and len(sizes) >= 4, sizes
+
+    # Timestamps rise within each partition, so a correct watermark is never above a record
+    # delivered later, and it only rises.
+    events = [event for event, _ in published]
+    assert events == sorted(events)
+    for i, (event, _) in enumerate(published):
+        later = [ts for _, ts in published[i:] if ts is not None]
+        assert not later or event <= min(later), (i, published)
+    # Caught up at the end: the idle policy, now - idleSlackMs.
+    final = authority.injector_stream(topic).event
+    assert time.time() * 1000 - 5000 - 120_000 < final <= time.time() * 1000 - 5000
+
+
+def test_idle_topic_watermark_follows_the_clock(
+    runner: Runner,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    redis_url: str,
+    redis_namespace: str,
+) -> None:
+    topic = new_topic(partitions=2)
+    authority = WatermarkAuthority(connect(redis_url), redis_namespace)
+    slack = 1500
+    query = runner.start(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "topics": topic,
+            "redis.url": redis_url,
+            "app": redis_namespace,
+            "instance": "inj-1",
+            "idleSlackMs": str(slack),
+            "tickMs": "300",
+        },
+        interval="50 milliseconds",
+    )
+    seen: list[tuple[float, int]] = []
+    began = time.monotonic()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len({wm for _, wm in seen}) < 4:
+            time.sleep(0.3)
+            assert query.exception() is None, query.exception()
+            current = authority.injector_stream(topic)  # only inj-1 reports
+            if current.event > 0:
+                seen.append((time.time() * 1000, current.event))
+    finally:
+        query.stop()
+    elapsed = time.monotonic() - began
+    assert len({wm for _, wm in seen}) >= 4, f"the idle watermark did not advance: {seen}"
+    for now, wm in seen:
+        # now - slack at planning time, published after the (empty) batch ran.
+        assert now - slack - 10_000 < wm <= now - slack, (now, wm)
+    assert [wm for _, wm in seen] == sorted(wm for _, wm in seen)
+    # Empty ticks are batches without records, at most one per tick although Spark asks for
+    # a new batch every 50 ms.
+    assert all(rows == [] for _, rows in runner.batches)
+    assert 3 <= len(runner.batches) <= elapsed / 0.3 + 2, (len(runner.batches), elapsed)
+
+
+@pytest.fixture
+def extractor_module(spark_kafka: Any, tmp_path: Path) -> Iterator[str]:
+    """A user module shipped to the executors with addPyFile, as a user would."""
+    name = f"ms_extract_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            def event_time(key, value, headers):
+                n = int(key[1:])
+                if n % 5 == 1:
+                    raise ValueError(f"bad record {n}")
+                if n % 5 == 2:
+                    return "soon"
+                return 1_000 * n
+
+            def record_id(key, value, headers):
+                return b"id-" + key
+            """
+        )
+    )
+    spark_kafka.sparkContext.addPyFile(str(path))
+    yield name
+
+
+def test_extractor_failures_become_error_rows_not_drops(
+    runner: Runner,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    extractor_module: str,
+) -> None:
+    topic = new_topic(partitions=2)
+    records = simple_records(40, base_ts=1_700_000_000_000)
+    placed = produce(kafka_bootstrap, topic, records)
+    rows = runner.available_now(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "topics": topic,
+            "stream": "clicks",
+            "timestampExtractor": f"{extractor_module}:event_time",
+            "idExtractor": f"{extractor_module}:record_id",
+        }
+    )
+    assert sorted((r["partition"], r["offset"]) for r in rows) == sorted(placed)
+    for row in rows:
+        n = int(row["key"][1:])
+        assert row["id"] == b"id-" + row["key"]
+        assert row["stream"] == "clicks"
+        assert row["system_time"] == 1_700_000_000_000 + n
+        if n % 5 == 1:
+            assert row["timestamp"] is None
+            assert "timestampExtractor" in row["error"] and "bad record" in row["error"]
+        elif n % 5 == 2:
+            assert row["timestamp"] is None
+            assert "returned str" in row["error"]
+        else:
+            assert (row["timestamp"], row["error"]) == (1_000 * n, None)
+
+
+def test_id_header_and_missing_header_is_an_error_row(
+    runner: Runner, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=1)
+    records: list[Record] = [
+        (0, b"a", b"1", 1_000, [("msid", b"\x01id-a")]),
+        (0, b"b", b"2", 2_000, None),
+        (0, b"c", b"3", 3_000, [("msid", b"old"), ("msid", b"new")]),
+    ]
+    placed = produce(kafka_bootstrap, topic, records)
+    rows = sorted(
+        runner.available_now(
+            {"bootstrap.servers": kafka_bootstrap, "topics": topic, "idHeader": "msid"}
+        ),
+        key=lambda r: r["offset"],
+    )
+    assert [r["offset"] for r in rows] == [offset for _, offset in placed]
+    assert rows[0]["id"] == b"\x01id-a" and rows[0]["error"] is None
+    assert rows[1]["id"] == derived_id(topic, 0, rows[1]["offset"])
+    assert "no 'msid' header" in rows[1]["error"]
+    assert rows[2]["id"] == b"new" and rows[2]["error"] is None
+
+
+def test_same_range_read_twice_is_identical_across_transaction_markers(
+    kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """Ranges may end on offsets without a record (commit markers): the read must stop there
+    at once, not wait for readTimeoutMs, and read the same rows every time."""
+    topic = new_topic(partitions=1)
+    producer = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex}"}
+    )
+    producer.init_transactions(30)
+    for txn in range(2):
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce(topic, key=b"k%d" % (txn * 5 + i), value=b"v", partition=0)
+        producer.commit_transaction(30)
+    # Offsets: records 0-4, marker 5, records 6-10, marker 11; the end is 12.
+    source = KafkaInjector({"bootstrap.servers": kafka_bootstrap, "topics": topic})
+    reader = source.streamReader(source.schema())
+    try:
+        end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+        assert end["p"] == {f"{topic}:0": 12}
+
+        def read(start: int, stop: int) -> list[Row]:
+            began = time.monotonic()
+            rows = [
+                row
+                for batch in reader.read(KafkaRange(topic, 0, start, stop))
+                for row in batch.to_pylist()
+            ]
+            assert time.monotonic() - began < 5, "the read waited at a marker"
+            return rows
+
+        whole = read(0, 12)
+        assert [r["offset"] for r in whole] == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]
+        assert read(0, 12) == whole
+        assert [r["offset"] for r in read(0, 6)] == [0, 1, 2, 3, 4]
+        assert [r["offset"] for r in read(5, 11)] == [6, 7, 8, 9, 10]
+        assert read(11, 12) == []
+    finally:
+        reader.stop()
+        close_consumers()  # read() ran in this process and cached a consumer here
+
+
+def test_commit_publishes_the_offsets_watermark_monotonically(
+    kafka_bootstrap: str, redis_url: str, redis_namespace: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=1)
+    source = KafkaInjector(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "topics": topic,
+            "redis.url": redis_url,
+            "app": redis_namespace,
+            "instance": "a",
+        }
+    )
+    reader = source.streamReader(source.schema())
+    authority = WatermarkAuthority(connect(redis_url), redis_namespace)
+
+    def offset(event: int, system: int) -> dict[str, Any]:
+        return {"p": {f"{topic}:0": 0}, "wm": [event, system], "tick": 1}
+
+    reader.commit(offset(5_000, 7_000))
+    assert authority.injector_stream(topic) == Watermark(5_000, 7_000)
+    reader.commit(offset(4_000, 9_000))  # event time may not go back; system time rises
+    assert authority.injector_stream(topic) == Watermark(5_000, 9_000)
+    authority.declare_injectors(topic, ["a", "b"])  # instance b never reported: unknown
+    assert authority.injector_stream(topic).event < 0
+
+
+def test_streaming_query_picks_up_records_as_they_arrive(
+    runner: Runner, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=2)
+    query = runner.start(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "topics": topic,
+            "startingOffsets": "latest",
+            "tickMs": "300",
+        }
+    )
+    try:
+        # startingOffsets=latest is resolved when the query starts: wait for its first batch.
+        deadline = time.monotonic() + 60
+        while not runner.batches and time.monotonic() < deadline:
+            assert query.exception() is None, query.exception()
+            time.sleep(0.1)
+        produced: list[Any] = []
+        records = simple_records(50, base_ts=1_700_000_000_000)
+        for chunk in range(5):  # while the query runs in the background
+            produced.extend(produce(kafka_bootstrap, topic, records[chunk * 10 : chunk * 10 + 10]))
+            time.sleep(0.4)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = [r for _, rows in runner.batches for r in rows]
+            if len(got) >= len(produced):
+                break
+            assert query.exception() is None, query.exception()
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    rows = [r for _, rows in runner.batches for r in rows]
+    check_rows(rows, topic, records, produced)
+    assert sum(1 for _, batch in runner.batches if batch) >= 2, "records came in one batch"
+
+
+GOOD = {"bootstrap.servers": "localhost:9092", "topics": "t"}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"topics": "t"}, "bootstrap.servers is required"),
+        ({"bootstrap.servers": "localhost:9092"}, "topics is required"),
+        ({**GOOD, "startingOffsets": "middle"}, "startingOffsets"),
+        ({**GOOD, "maxRecordsPerTrigger": "0"}, "maxRecordsPerTrigger"),
+        ({**GOOD, "timestampExtractor": "no_such_module_xyz:f"}, "timestampExtractor"),
+        ({**GOOD, "kafka.group.id": "mine"}, "kafka.group.id"),
+        ({**GOOD, "maxRecords": "5"}, "unknown option 'maxrecords'"),
+    ],
+)
+def test_bad_options_fail_on_the_driver_naming_the_option(
+    spark_kafka: Any, options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(Exception, match=message):
+        spark_kafka.readStream.format(FORMAT).options(**options).load()
+
+
+def test_unknown_topic_fails_with_its_name(runner: Runner, kafka_bootstrap: str) -> None:
+    missing = f"millstream-missing-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(AssertionError, match=f"{missing}.*does not exist"):
+        runner.available_now({"bootstrap.servers": kafka_bootstrap, "topics": missing}, timeout=60)

@@ -1,0 +1,212 @@
+"""The injector watermark rule and how the planner applies it: pure code, no broker.
+
+The planner tests drive `OffsetPlanner` over an in-memory partition log that answers probes
+the way a Kafka fetch does (high watermark + first record at or after the offset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from millstream.injectors._kafka_offsets import (
+    InjectorOffset,
+    allocate,
+    derived_id,
+    parse_tp,
+    tp_key,
+)
+from millstream.injectors._kafka_options import KafkaInjectorOptions
+from millstream.injectors._kafka_plan import OffsetPlanner
+from millstream.injectors._kafka_probe import EARLIEST, Peek
+from millstream.injectors.kafka import KafkaRange, KafkaStreamReader
+from millstream.injectors.watermark import (
+    PartitionProgress,
+    advance,
+    idle_watermark,
+    injector_watermark,
+    partition_watermark,
+)
+from millstream.state.watermarks import Watermark
+
+NOW = 1_800_000_000_000
+SLACK = 2_000
+
+# ---------------------------------------------------------------- the rule
+
+
+def test_lag_uses_the_next_unread_record() -> None:
+    progress = PartitionProgress(Watermark(1_000, 1_500))
+    assert progress.has_lag
+    assert partition_watermark(progress, NOW, SLACK) == Watermark(1_000, 1_500)
+
+
+def test_idle_partition_follows_the_clock_minus_slack() -> None:
+    progress = PartitionProgress(None)
+    assert not progress.has_lag
+    assert partition_watermark(progress, NOW, SLACK) == Watermark(NOW - SLACK, NOW - SLACK)
+    assert partition_watermark(progress, NOW + 500, SLACK) == idle_watermark(NOW + 500, SLACK)
+
+
+def test_injector_watermark_is_the_minimum_over_partitions_per_component() -> None:
+    parts = [
+        PartitionProgress(Watermark(5_000, 9_000)),
+        PartitionProgress(Watermark(7_000, 3_000)),
+        PartitionProgress(None),
+    ]
+    assert injector_watermark(parts, NOW, SLACK) == Watermark(5_000, 3_000)
+
+
+def test_idle_partition_holds_back_a_lagging_one_only_if_older() -> None:
+    lagging_future = PartitionProgress(Watermark(NOW + 60_000, NOW + 60_000))
+    idle = PartitionProgress(None)
+    assert injector_watermark([lagging_future, idle], NOW, SLACK) == idle_watermark(NOW, SLACK)
+
+
+def test_no_partitions_counts_as_idle() -> None:
+    assert injector_watermark([], NOW, SLACK) == idle_watermark(NOW, SLACK)
+
+
+def test_publication_is_monotonic() -> None:
+    first = advance(None, Watermark(100, 200))
+    assert first == Watermark(100, 200)
+    # A new partition with old data lowers the estimate; the watermark holds, per component.
+    assert advance(first, Watermark(50, 300)) == Watermark(100, 300)
+    assert advance(Watermark(100, 300), Watermark(400, 100)) == Watermark(400, 300)
+
+
+# ---------------------------------------------------------------- offsets and admission
+
+
+def test_offset_json_round_trip_is_stable() -> None:
+    offset = InjectorOffset({("b", 1): 7, ("a", 0): 3}, Watermark(-5, 9), 42)
+    raw = offset.to_json()
+    assert raw == {"p": {"a:0": 3, "b:1": 7}, "wm": [-5, 9], "tick": 42}
+    assert InjectorOffset.from_json(raw) == offset
+    assert parse_tp(tp_key(("my.topic-x", 12))) == ("my.topic-x", 12)
+
+
+def test_foreign_offset_is_rejected_with_a_fix() -> None:
+    with pytest.raises(ValueError, match="new checkpoint"):
+        InjectorOffset.from_json({"offset": 3})
+
+
+def test_allocate_is_max_min_fair_and_bounded() -> None:
+    a, b, c = ("t", 0), ("t", 1), ("t", 2)
+    assert allocate({a: 5, b: 100, c: 100}, 45) == {a: 5, b: 20, c: 20}
+    assert allocate({a: 5, b: 100}, None) == {a: 5, b: 100}
+    assert allocate({a: 0, b: 3}, 10) == {a: 0, b: 3}
+    small = allocate({a: 10, b: 10, c: 10}, 2)
+    assert sum(small.values()) == 2 and max(small.values()) == 1
+    assert sum(allocate({a: 7, b: 1_000, c: 3}, 500).values()) == 500
+
+
+def test_derived_id_is_compact_stable_and_distinct() -> None:
+    one = derived_id("orders", 3, 17)
+    assert len(one) == 16 and one == derived_id("orders", 3, 17)
+    assert len({one, derived_id("orders", 3, 18), derived_id("orders", 4, 17)}) == 3
+    assert derived_id("refunds", 3, 17) != one
+
+
+# ---------------------------------------------------------------- the planner
+
+
+class LogProbe:
+    """In-memory partitions: `log[tp]` is a list of (offset, timestamp) records."""
+
+    def __init__(self, log: dict[tuple[str, int], list[tuple[int, int]]]) -> None:
+        self.log = log
+        self.probes: list[dict[tuple[str, int], int]] = []
+
+    def partitions(self) -> list[tuple[str, int]]:
+        return sorted(self.log)
+
+    def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+        self.probes.append(dict(at))
+        out = {}
+        for tp, offset in at.items():
+            records = self.log[tp]
+            high = records[-1][0] + 1 if records else 0
+            start = 0 if offset == EARLIEST else offset
+            nxt = next(((o, ts) for o, ts in records if o >= start), None)
+            if nxt is None:
+                out[tp] = Peek(high=max(high, start), offset=None)
+            else:
+                out[tp] = Peek(high=high, offset=nxt[0], timestamp=nxt[1], key=b"k", value=b"v")
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def planner(log: LogProbe, **options: str) -> OffsetPlanner:
+    parsed = KafkaInjectorOptions.parse(
+        {"bootstrap.servers": "localhost:9092", "topics": "t", "idleSlackMs": "2000", **options}
+    )
+    return OffsetPlanner(parsed, probe=log)  # type: ignore[arg-type]
+
+
+def test_planner_watermark_is_the_record_at_the_end_offset_while_lagging() -> None:
+    log = LogProbe({("t", 0): [(i, 1_000 + i) for i in range(10)], ("t", 1): []})
+    plan = planner(log)
+    start = plan.initial()
+    assert start.positions == {("t", 0): 0, ("t", 1): 0}
+    assert start.watermark.event == 1_000  # the first unread record
+
+    end = plan.latest(start, limit=4)
+    assert end is not None and end.positions[("t", 0)] == 4
+    # Partition 1 is idle (now - slack, far above), partition 0 waits at offset 4.
+    assert end.watermark == Watermark(1_004, 1_004)
+
+    last = plan.latest(end, limit=None)
+    assert last is not None and last.positions[("t", 0)] == 10
+    assert last.watermark.event > 1_000_000_000_000  # caught up everywhere: the clock
+
+
+def test_planner_without_news_waits_for_the_next_tick() -> None:
+    log = LogProbe({("t", 0): [(0, 5)]})
+    plan = planner(log, tickMs="3600000")
+    start = plan.initial()
+    end = plan.latest(start, limit=None)
+    assert end is not None and end.positions == {("t", 0): 1}
+    # Same positions, same tick: no batch.
+    assert plan.latest(end, limit=None) is None
+    # A new tick: an empty batch whose watermark moved with the clock.
+    earlier_tick = InjectorOffset(end.positions, end.watermark, end.tick - 1)
+    empty = plan.latest(earlier_tick, limit=None)
+    assert empty is not None and empty.positions == end.positions
+    assert empty.tick == end.tick and empty.watermark.event >= end.watermark.event
+
+
+def test_planner_available_now_stops_at_the_frozen_ends() -> None:
+    log = LogProbe({("t", 0): [(i, i) for i in range(5)]})
+    plan = planner(log)
+    start = plan.initial()
+    plan.freeze_targets()
+    log.log[("t", 0)].extend((i, i) for i in range(5, 8))  # arrives after the run started
+    end = plan.latest(start, limit=None)
+    assert end is not None and end.positions == {("t", 0): 5}
+    assert end.watermark.event == 5  # the next record exists: lag, not idle
+    assert plan.latest(end, limit=None) is None  # even on a new tick: the run is over
+
+
+def test_planner_new_partition_joins_at_its_first_record() -> None:
+    log = LogProbe({("t", 0): [(0, 100)]})
+    plan = planner(log)
+    start = plan.initial()
+    plan._probe.log[("t", 1)] = [(3, 50), (4, 60)]  # type: ignore[attr-defined]
+    end = plan.latest(start, limit=None)
+    assert end is not None and end.positions == {("t", 0): 1, ("t", 1): 3}
+    # The new partition's first record is older than anything seen: the watermark holds.
+    assert end.watermark == start.watermark.max(Watermark(50, 50))
+
+
+def test_partitions_are_one_task_per_partition_with_records() -> None:
+    options = KafkaInjectorOptions.parse({"bootstrap.servers": "localhost:9092", "topics": "t"})
+    reader = KafkaStreamReader(options)
+    start = {"p": {"t:0": 5, "t:1": 9}, "wm": [0, 0], "tick": 1}
+    end = {"p": {"t:0": 8, "t:1": 9, "t:2": 4}, "wm": [0, 0], "tick": 2}
+    # t:1 has nothing new; t:2 just appeared and joins at 4 without a range to read.
+    assert reader.partitions(start, end) == [KafkaRange("t", 0, 5, 8)]
+    assert reader.partitions(end, end) == []
