@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from millstream.injectors.logfile import SHORT_NAME, LogFileInjector
 from millstream.state.client import connect
 from millstream.state.watermarks import WatermarkAuthority

@@ -7,6 +7,7 @@ import itertools
 import random
 
 import pytest
+
 from millstream.injectors._logfile_lines import (
     TruncatedError,
     advance_bytes,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from millstream.injectors.logfile import LogFileInjector, LogFileOptions, LogFileStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 
 from millstream.errors import ConfigurationError
+from millstream.injectors.logfile import LogFileInjector, LogFileOptions, LogFileStreamReader
 
 
 def test_defaults(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from millstream.errors import ConfigurationError
 from millstream.injectors._logfile_parse import (
     BadLine,
     JsonLinesParser,
@@ -11,8 +13,6 @@ from millstream.injectors._logfile_parse import (
     parse_line,
     text_parser,
 )
-
-from millstream.errors import ConfigurationError
 
 JSONL = JsonLinesParser()
 

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+
 from millstream.injectors._logfile_parse import JsonLinesParser
 from millstream.injectors._logfile_plan import (
     Budget,

@@ -1,0 +1,193 @@
+"""Idempotent Kafka delivery: internal streams between computations, at-least-once outputs.
+
+At-least-once plus the `ms-id` header is exactly-once processing downstream: the consuming
+computation (or `millstream.sinks.dedup_reader` outside millstream) drops ids it has seen.
+The idempotent producer (enable.idempotence, acks=all) keeps librdkafka's own retries from
+writing duplicates or reordering; only a re-delivery after a failed `deliver` can duplicate.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from millstream.errors import ConfigurationError, TransientError
+from millstream.records import Production
+from millstream.sinks._kafka import (
+    Deadline,
+    ProcessCache,
+    TopicFor,
+    check_topics,
+    classify,
+    client_config,
+    kafka_error,
+    production_headers,
+    resolve_topic,
+    static_topics,
+)
+from millstream.sinks.base import BackpressureError, Delivery, DeliveryReport, ShardRef, Sink
+
+_PRODUCERS: ProcessCache[Producer] = ProcessCache()
+_CHECKED: ProcessCache[int] = ProcessCache()  # (bootstrap, topic) -> partition count
+_FLUSH_SLICE_S = 0.5
+
+Outcome = tuple[int, int] | KafkaError | None
+
+
+class KafkaStreamSink(Sink):
+    """Writes productions to Kafka with an idempotent producer, one record per production.
+
+    `topic_for` maps a production's stream to a topic: a topic name, a dict, or a function.
+    Records: key = production key (UTF-8), value, timestamp = event time, headers `ms-id`,
+    `ms-system-time`, `ms-event-time` (see `millstream.sinks._kafka`). Partitioning uses
+    `murmur2_random`, the Java client's default, so keyed records land where Java producers
+    would put them. `deliver` waits until every record is acknowledged by all in-sync replicas,
+    or raises TransientError once `delivery_timeout_s` has passed.
+    """
+
+    def __init__(
+        self,
+        kafka_config: Mapping[str, str],
+        topic_for: TopicFor,
+        *,
+        delivery_timeout_s: float = 30.0,
+        producer_config: Mapping[str, Any] | None = None,
+        metadata_timeout_s: float = 10.0,
+    ) -> None:
+        if delivery_timeout_s <= 0:
+            raise ConfigurationError(f"delivery_timeout_s={delivery_timeout_s} must be positive")
+        self._connection = dict(kafka_config)
+        self._topic_for = topic_for
+        self._timeout = float(delivery_timeout_s)
+        self._metadata_timeout = float(metadata_timeout_s)
+        self._config = client_config(
+            self._connection,
+            producer_config,
+            {
+                "enable.idempotence": True,
+                "acks": "all",
+                "allow.auto.create.topics": False,
+                "message.timeout.ms": int(self._timeout * 1000),
+                "partitioner": (producer_config or {}).get("partitioner", "murmur2_random"),
+                "linger.ms": (producer_config or {}).get("linger.ms", 5),
+            },
+        )
+        self._cache_key = tuple(sorted((k, str(v)) for k, v in self._config.items()))
+
+    def setup(self) -> None:
+        """Fail fast: the known topics exist and we may describe them."""
+        for topic, count in check_topics(
+            self._connection, static_topics(self._topic_for), self._metadata_timeout
+        ).items():
+            _CHECKED.put((self._connection["bootstrap.servers"], topic), count)
+
+    def deliver(self, shard: ShardRef, productions: Sequence[Production]) -> DeliveryReport:
+        if not productions:
+            return DeliveryReport(shard)
+        deadline = Deadline(self._timeout)
+        topics = [resolve_topic(self._topic_for, p.stream) for p in productions]
+        self._check_new_topics(topics)
+        producer = self._producer()
+        outcomes: list[Outcome] = [None] * len(productions)
+
+        def on_delivery(index: int, err: KafkaError | None, msg: Message) -> None:
+            # Runs inside flush()/poll() on this thread. No lock: a fatal error can surface
+            # mid-callback (confluent-kafka 2.16) and a held lock would then never be released.
+            outcomes[index] = err if err is not None else (msg.partition() or 0, msg.offset() or 0)
+
+        for index, (topic, production) in enumerate(zip(topics, productions, strict=True)):
+            self._produce(
+                producer,
+                topic,
+                production,
+                functools.partial(on_delivery, index),
+                deadline,
+                shard,
+            )
+        while any(o is None for o in outcomes):
+            if deadline.expired():
+                raise TransientError(
+                    f"shard {shard}: {sum(o is None for o in outcomes)} of {len(outcomes)} "
+                    f"records unacknowledged after {self._timeout:.0f}s: the broker is slow or "
+                    "unreachable; the checkpoints stay and are delivered again"
+                )
+            try:
+                producer.flush(min(_FLUSH_SLICE_S, deadline.left()))
+            except (KafkaException, SystemError) as exc:
+                err = kafka_error(exc)
+                if err is None:
+                    raise
+                if err.fatal():
+                    _PRODUCERS.pop(self._cache_key)
+                raise classify(err, f"shard {shard}: flushing") from None
+        pairs = []
+        for topic, production, outcome in zip(topics, productions, outcomes, strict=True):
+            if isinstance(outcome, KafkaError):
+                if outcome.fatal():
+                    _PRODUCERS.pop(self._cache_key)
+                raise classify(outcome, f"shard {shard}: delivering to {topic!r}")
+            assert outcome is not None
+            partition, offset = outcome
+            pairs.append(
+                (production, Delivery(production.id, production.seq, topic, partition, offset))
+            )
+        return DeliveryReport.build(shard, pairs)
+
+    def close(self) -> None:
+        """Flush what is queued (bounded by the delivery timeout) and drop the producer."""
+        producer = _PRODUCERS.pop(self._cache_key)
+        if producer is not None:
+            producer.flush(self._timeout)
+
+    # ------------------------------------------------------------------------------ internals
+    def _producer(self) -> Producer:
+        producer = _PRODUCERS.get(self._cache_key)
+        if producer is None:
+            producer = _PRODUCERS.put(self._cache_key, Producer(dict(self._config)))
+        return producer
+
+    def _check_new_topics(self, topics: list[str]) -> None:
+        bootstrap = self._connection["bootstrap.servers"]
+        new = {t for t in topics if _CHECKED.get((bootstrap, t)) is None}
+        for topic, count in check_topics(self._connection, new, self._metadata_timeout).items():
+            _CHECKED.put((bootstrap, topic), count)
+
+    def _produce(
+        self,
+        producer: Producer,
+        topic: str,
+        production: Production,
+        on_delivery: Any,
+        deadline: Deadline,
+        shard: ShardRef,
+    ) -> None:
+        """Enqueue one record; wait (bounded) for room when the local queue is full."""
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    key=production.key.encode("utf-8"),
+                    value=production.value,
+                    timestamp=production.timestamp,
+                    headers=production_headers(production),
+                    on_delivery=on_delivery,
+                )
+                return
+            except BufferError:
+                if deadline.expired():
+                    raise BackpressureError(
+                        f"shard {shard}: the producer queue for {topic!r} stayed full for "
+                        f"{self._timeout:.0f}s: Kafka accepts records slower than they are "
+                        "produced; lower the batch size or raise queue.buffering.max.messages"
+                    ) from None
+                producer.poll(0.05)
+            except KafkaException as exc:
+                err = kafka_error(exc)
+                if err is None:
+                    raise
+                if err.fatal():
+                    _PRODUCERS.pop(self._cache_key)
+                raise classify(err, f"shard {shard}: producing to {topic!r}") from None
