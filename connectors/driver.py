@@ -213,6 +213,7 @@ class ComputationRunner:
     def process_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.perf_counter()
         input_wm = self.input_watermark()
+        planned = time.perf_counter()
         now = now_ms()
         plan = BatchPlan(
             app=self.topology.app,
@@ -239,7 +240,16 @@ class ComputationRunner:
             .mapPartitionsWithIndex(functools.partial(_shard_task, plan, spec))
             .collect()
         )
+        collected = time.perf_counter()
         self._after_batch(batch_id, input_wm, results, time.perf_counter() - started)
+        self.last_batch["phases"] = {
+            "plan": round(planned - started, 4),
+            "spark_jobs": round(collected - planned, 4),
+            "shard_task_max": round(max((r.seconds for r in results), default=0.0), 4),
+            "shard_task_sum": round(sum(r.seconds for r in results), 4),
+            "after": round(time.perf_counter() - collected, 4),
+        }
+        self.client.hset(self.metrics_key, "last_batch", json.dumps(self.last_batch))
 
     def _after_batch(
         self, batch_id: int, input_wm: Watermark, results: list[ShardResult], seconds: float

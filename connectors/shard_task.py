@@ -199,6 +199,28 @@ def _run_once(
     states = dict(states)
     runner = _KeyRunner(plan, spec, states)
     txn = store.begin()
+    # Due timers fire first: each has time <= W (the batch's input watermark) while every
+    # on-time record of the batch has timestamp >= W, so in event time the timers come first.
+    for timer in firing_order(due):
+        txn.delete_timer(timer.key, timer.tag)
+        outcome = runner.call(timer.key, timer.time, spec.computation.process_timer, timer)
+        if isinstance(outcome, Exception):
+            txn.checkpoint(
+                dead_letter(
+                    plan,
+                    spec,
+                    timer.key,
+                    f"{type(outcome).__name__}: {outcome}",
+                    None,
+                    timer={"tag": timer.tag, "time": timer.time, "domain": timer.domain.value},
+                )
+            )
+            runner.count("dead_letters")
+            runner.count("user_errors")
+        else:
+            _apply(txn, runner, timer.key, outcome)
+            runner.count("timers_fired")
+
     for item, record in fresh:
         if item.error is not None:
             txn.checkpoint(dead_letter(plan, spec, record.key, item.error, item.row))
@@ -221,31 +243,6 @@ def _run_once(
         else:
             _apply(txn, runner, record.key, outcome)
             runner.count("records")
-
-    for timer in firing_order(due):
-        if txn.has_timer_op(timer.key, timer.tag) and txn.timer_op(timer.key, timer.tag) != (
-            timer.domain,
-            timer.time,
-        ):
-            continue  # moved or deleted by a record of this batch: not due as loaded
-        txn.delete_timer(timer.key, timer.tag)
-        outcome = runner.call(timer.key, timer.time, spec.computation.process_timer, timer)
-        if isinstance(outcome, Exception):
-            txn.checkpoint(
-                dead_letter(
-                    plan,
-                    spec,
-                    timer.key,
-                    f"{type(outcome).__name__}: {outcome}",
-                    None,
-                    timer={"tag": timer.tag, "time": timer.time, "domain": timer.domain.value},
-                )
-            )
-            runner.count("dead_letters")
-            runner.count("user_errors")
-        else:
-            _apply(txn, runner, timer.key, outcome)
-            runner.count("timers_fired")
 
     # 4. commit
     txn.add_ids([(store.bucket_of(r.system_time), r.id, _position(i.row)) for i, r in fresh])

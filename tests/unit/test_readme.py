@@ -14,7 +14,9 @@ def test_every_variable_is_in_the_readme_table_with_its_default() -> None:
     rows = dict(re.findall(r"^\| `([A-Z_*]+)` \| ([^|]+) \|", README, flags=re.M))
     for name, default, _ in VARIABLES:
         assert name in rows, f"{name} missing from the README table"
-        assert rows[name].strip() == default, f"{name}: README says {rows[name]!r}, code {default!r}"
+        assert rows[name].strip() == default, (
+            f"{name}: README says {rows[name]!r}, code {default!r}"
+        )
     assert set(rows) == {name for name, _, _ in VARIABLES}
 
 
