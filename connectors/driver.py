@@ -234,6 +234,7 @@ class ComputationRunner:
         )
         spec, shards = self.spec, self.shards
         extractors = dict(spec.inputs)
+        batch_df.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", spec.name)
         results: list[ShardResult] = (
             batch_df.rdd.mapPartitions(functools.partial(_route, extractors, shards))
             .partitionBy(shards, lambda s: s)

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 MAX_DELAY_MS = 800  # on-time events arrive at most this much after their event time
-LATE_BY_MS = 30_000  # late events carry an event time this far in the past
+LATE_BY_MS = 300_000  # late events carry an event time this far in the past: unambiguously late
 WINDOW_MS = 1000
 
 

@@ -7,6 +7,7 @@ queries -> window_counter -> window_counts -> model_calculator -> model_updates
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from millstream import Computation, Context, Record, Timer, Topology, json_field
 
@@ -66,22 +67,34 @@ class SpikeDetector(Computation):
 
 
 class DipDetector(Computation):
-    """An active query that goes silent is dipping: only the low watermark can tell silence
-    from data still on its way, so the check is a low-watermark timer."""
+    """An active query that goes silent is dipping. Only the low watermark can tell silence from
+    data still on its way, so ongoing silence is caught by a low-watermark timer; when traffic
+    resumes within one batch of the gap, the gap itself is seen in the data."""
 
     def process_record(self, ctx: Context, record: Record) -> None:
         u = json.loads(record.value)
+        last = ctx.get_state({})
+        if last and u["w"] - last["last"] >= DIP_GAP_MS + WINDOW_MS:  # as the timer would
+            self._report(ctx, last, record.timestamp)
         if u["seen"] >= 10 and u["expected"] >= 4:
-            ctx.set_state({"last": u["w"], "expected": u["expected"]})
+            ctx.set_state({"last": u["w"], "expected": u["expected"], "reported": False})
             ctx.set_timer("dip", u["w"] + WINDOW_MS + DIP_GAP_MS)
         else:
+            ctx.delete_state()
             ctx.delete_timer("dip")
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         last = ctx.get_state({})
+        if last:
+            self._report(ctx, last, timer.time)
+            ctx.set_state({**last, "reported": True})
+
+    def _report(self, ctx: Context, last: dict[str, Any], timestamp: int) -> None:
+        if last.get("reported"):
+            return  # this silence was reported already (by the timer)
         start = last["last"] + WINDOW_MS
         anomaly = {"type": "dip", "q": ctx.key, "w": start, "expected": last["expected"]}
-        ctx.produce("anomalies", ctx.key, anomaly, timer.time)
+        ctx.produce("anomalies", ctx.key, anomaly, timestamp)
 
 
 def build(app: str, sources: dict[str, object], sinks: dict[str, object], shards: int) -> Topology:
