@@ -53,3 +53,63 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, app: An
             return
         time.sleep(0.3)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+# --- helpers for the runtime end-to-end tests (tests/e2e/test_runtime_*.py) -------------------
+
+
+def shard_states(client: Any, app: str, computation: str, shards: int) -> dict[str, Any]:
+    """Every key's committed state of a computation (JSON serde), read straight from Redis."""
+    import json
+
+    from millstream.state.keys import ShardKeys
+
+    out: dict[str, Any] = {}
+    for shard in range(shards):
+        for key, raw in client.hgetall(ShardKeys(app, computation, shard).state).items():
+            out[key.decode()] = json.loads(raw)
+    return out
+
+
+def metric(client: Any, app: str, computation: str, name: str) -> int:
+    """A computation's metric counter (summed by the driver after each batch); 0 when unset."""
+    from millstream.state.keys import app_key
+
+    return int(client.hget(app_key(app, "metrics", computation), name) or 0)
+
+
+def read_topic(
+    bootstrap: str, topic: str, *, expected: int = 0, quiet_polls: int = 6, timeout: float = 30.0
+) -> list[Any]:
+    """Every record of every partition of `topic` (plain consumer, from the beginning).
+
+    Returns once at least `expected` records arrived and then `quiet_polls` polls of 0.25 s
+    brought nothing new (so extra, duplicated records would be seen too).
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"e2e-reader-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+        out: list[Any] = []
+        idle = 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not (len(out) >= expected and idle >= quiet_polls):
+            message = consumer.poll(0.25)
+            if message is None:
+                idle += 1
+                continue
+            if message.error():
+                continue
+            idle = 0
+            out.append(message)
+        return out
+    finally:
+        consumer.close()
