@@ -2,9 +2,8 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
-DURATION ?= 1800
 
-.PHONY: help setup demo test lint typecheck unit bench chaos clean
+.PHONY: help setup demo test lint typecheck unit bench clean
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -28,11 +27,10 @@ test: setup lint typecheck ## Lint, type check and the full pytest suite
 unit: setup ## Only the fast unit tests
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: setup ## Run the benchmark suite (results in results/)
-	$(BIN)/millstream bench
-
-chaos: setup ## Long chaos soak: make chaos DURATION=1800
-	$(BIN)/millstream chaos --duration $(DURATION)
+bench: setup ## Run the benchmarks (state layer, Kafka injector, sinks); each prints its figures
+	$(BIN)/python benchmarks/bench_state.py
+	$(BIN)/python benchmarks/bench_injector.py
+	$(BIN)/python benchmarks/bench_sinks.py
 
 clean: ## Remove the virtualenv and local state
 	rm -rf $(VENV) .millstream build *.egg-info

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -65,10 +66,12 @@ def from_args(args: argparse.Namespace) -> DemoOptions:
         shards=args.shards,
         queries=args.queries,
     )
-    if opts.duration < 20:
+    if not math.isfinite(opts.duration) or opts.duration < 20:
         raise ValueError("--duration must be at least 20 seconds (spikes and dips need room)")
-    if not 0 < opts.rate <= 20_000:
+    if not math.isfinite(opts.rate) or not 0 < opts.rate <= 20_000:
         raise ValueError("--rate must be in (0, 20000]")
     if not 0 <= opts.duplicates < 0.5 or not 0 <= opts.late < 0.1:
         raise ValueError("--duplicates must be in [0, 0.5) and --late in [0, 0.1)")
+    if not 1 <= opts.shards <= 256 or not 10 <= opts.queries <= 100_000:
+        raise ValueError("--shards must be in [1, 256] and --queries in [10, 100000]")
     return opts
