@@ -274,8 +274,8 @@ def run_demo(
     closed_before = (
         authority.published("window_counter#input") or authority.published("window_counter")
     ).event
-    windows = [r.value for r in read_committed(bootstrap, topics["window_topic"])]
-    anomalies = [r.value for r in read_committed(bootstrap, topics["anomaly_topic"])]
+    windows = [r.value for r in read_committed(bootstrap, topics["window_topic"]) if r.value]
+    anomalies = [r.value for r in read_committed(bootstrap, topics["anomaly_topic"]) if r.value]
     counters = {
         k.decode(): int(v)
         for k, v in client.hgetall(app_key(app, "metrics", "window_counter")).items()
