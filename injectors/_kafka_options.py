@@ -6,13 +6,13 @@ case; messages use the documented camelCase spelling.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from millstream.errors import ConfigurationError
+from millstream.injectors._callables import load_callable
 from millstream.settings import Settings, mask_url, validate_bootstrap, validate_redis_url
 
 SHORT_NAME = "millstream-kafka"
@@ -59,27 +59,7 @@ def is_secret(name: str) -> bool:
 
 def load_extractor(path: str, option: str) -> Extractor:
     """Import "module:function"; the module must be importable on the executors too."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigurationError(
-            f"option {option}={path!r} is invalid: expected 'module:function', "
-            "e.g. 'myapp.extract:event_time'."
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"option {option}={path!r}: cannot import {module_name!r} ({exc}); install the module "
-            "in the environment of the driver and of every executor."
-        ) from None
-    target: Any = module
-    for part in attr.split("."):
-        target = getattr(target, part, None)
-    if not callable(target):
-        raise ConfigurationError(
-            f"option {option}={path!r}: {module_name!r} has no callable {attr!r}."
-        )
-    return target  # type: ignore[no-any-return]
+    return load_callable(path, option)
 
 
 def _int(raw: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:

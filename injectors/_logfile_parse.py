@@ -8,14 +8,13 @@ Built in: `jsonl` (one JSON object per line, key and timestamp taken from fields
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
-from millstream.errors import ConfigurationError
+from millstream.injectors._callables import load_callable
 
 # (key, timestamp ms or None when the line has none, value[, record id]). A parser that knows
 # the record's own id (a field the source set) returns it fourth, so a record the source sent
@@ -110,31 +109,8 @@ def text_parser(line: bytes) -> Parsed:
 
 
 def load_parser(spec: str) -> Parser:
-    """Import a user parser named "package.module:function".
-
-    Called on the driver to validate the option and again in each executor process.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigurationError(
-            f"option 'parser' must be 'module:function', got {spec!r}; "
-            "e.g. parser='myapp.logs:parse_line'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"option 'parser': cannot import {module_name!r} ({exc}); install the module on "
-            "the driver and on every executor"
-        ) from None
-    func: Any = module
-    for part in attr.split("."):
-        func = getattr(func, part, None)
-        if func is None:
-            raise ConfigurationError(f"option 'parser': {module_name!r} has no {attr!r}")
-    if not callable(func):
-        raise ConfigurationError(f"option 'parser': {spec!r} is not callable")
-    return func  # type: ignore[no-any-return]
+    """Import a user parser named "package.module:function" (option `parser`)."""
+    return load_callable(spec, "parser")  # type: ignore[return-value]
 
 
 def parse_line(parser: Parser, line: bytes, name: str) -> Parsed:

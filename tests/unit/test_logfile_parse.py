@@ -80,7 +80,7 @@ def test_load_parser_imports_module_function() -> None:
 @pytest.mark.parametrize(
     ("spec", "reason"),
     [
-        ("no_colon", "must be 'module:function'"),
+        ("no_colon", "expected 'module:function'"),
         ("no.such.module_xyz:f", "cannot import"),
         (f"{__name__}:missing", "has no"),
         (f"{__name__}:JSONL_NOT_THERE", "has no"),
