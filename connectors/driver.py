@@ -192,6 +192,26 @@ class ComputationRunner:
         raw = self.client.hgetall(self._consumed_key(stream))
         return {int(k): int(v) for k, v in raw.items()}
 
+    def _retire_in_flight(self, streams: list[str]) -> None:
+        """Drop in-flight entries that every consumer of the stream has read past (DESIGN.md 6).
+
+        Pure garbage collection: `in_flight` only reads entries at or beyond a consumer's
+        committed offset, so entries below every consumer's offset never count again. A
+        partition some consumer has not read yet keeps all its entries.
+        """
+        for stream in streams:
+            floor: dict[int, int] | None = None
+            for consumer in self.topology.consumers_of(stream):
+                raw = self.client.hgetall(app_key(self.topology.app, "consumed", consumer, stream))
+                offsets = {int(p): int(o) for p, o in raw.items()}
+                floor = (
+                    offsets
+                    if floor is None
+                    else {p: min(o, offsets[p]) for p, o in floor.items() if p in offsets}
+                )
+            if floor:
+                self.authority.retire_in_flight(stream, floor)
+
     def input_watermark(self) -> Watermark:
         """min over input streams: injector estimates, or producers' watermarks and in-flight."""
         parts: list[Watermark] = []
@@ -273,6 +293,7 @@ class ComputationRunner:
                     mapping={p: max(o, known.get(p, 0)) for p, o in parts.items()},
                 )
         pipe.execute()
+        self._retire_in_flight([s for s in consumed if s in self.internal_inputs])
         keys = [ShardKeys(self.topology.app, self.spec.name, s) for s in range(self.shards)]
         oldest = oldest_work(self.client, keys)
         published = self.authority.publish(self.spec.name, merge_min([input_wm, *oldest]))

@@ -7,6 +7,7 @@ acquire -> dedup -> run user code per key (records, then due timers) -> one guar
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -110,6 +111,21 @@ class _KeyRunner:
         self.states = states
         self.serde = serde_named(spec.options.serde)
         self.counters: dict[str, int] = {}
+        self.weak: list[Production] | None = [] if spec.options.productions == "weak" else None
+
+    def _id_factory(self, origin: Record | Timer) -> Any:
+        """Strong productions get random ids, fixed when checkpointed. Weak productions are sent
+        before the commit, so a re-run must re-emit the same ids for consumers to drop: they
+        derive from what triggered them (record id, or timer) and their index in the call."""
+        if self.weak is None:
+            return _random_id
+        if isinstance(origin, Record):
+            seed = b"r" + origin.id
+        else:
+            seed = f"t{origin.key}\x1f{origin.tag}\x1f{origin.time}".encode()
+        base = hashlib.blake2b(self.spec.name.encode() + b"\x00" + seed, digest_size=12).digest()
+        counter = iter(range(1 << 30))
+        return lambda: base + next(counter).to_bytes(4, "big")
 
     def count(self, name: str, amount: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
@@ -120,6 +136,7 @@ class _KeyRunner:
         for _ in range(self.plan.user_retries + 1):
             ctx = Context(
                 key,
+                new_id=self._id_factory(arg),
                 state=self.states.get(key),
                 serde=self.serde,
                 low_watermark=self.plan.input_watermark.event,
@@ -228,6 +245,7 @@ def _run_once(
             continue
         if record.timestamp is not None and record.timestamp < wm:
             runner.count("late")
+            runner.count(f"late:{record.stream}")  # per injected stream
             if spec.options.late == "drop":
                 continue
             record = dataclasses.replace(record, late=True)
@@ -243,6 +261,19 @@ def _run_once(
         else:
             _apply(txn, runner, record.key, outcome)
             runner.count("records")
+
+    # Weak productions: delivered now, before the commit; only stragglers are checkpointed.
+    if runner.weak:
+        try:
+            deliver_all(plan, spec.name, store.keys.shard, runner.weak)
+            runner.count("weak_delivered", len(runner.weak))
+        except ConfigurationError:
+            raise
+        except (MillstreamError, KafkaException) as exc:
+            log.warning("shard %s: weak delivery failed, checkpointing: %s", store.keys.tag, exc)
+            for production in runner.weak:
+                txn.checkpoint(production)
+            runner.count("weak_stragglers", len(runner.weak))
 
     # 4. commit
     txn.add_ids([(store.bucket_of(r.system_time), r.id, _position(i.row)) for i, r in fresh])
@@ -286,6 +317,10 @@ def _run_once(
     return result
 
 
+def _random_id() -> bytes:
+    return uuid.uuid4().bytes
+
+
 def _apply(txn: Any, runner: _KeyRunner, key: str, ctx: Context) -> None:
     changed, blob = ctx.state_effect()
     if changed:
@@ -300,4 +335,7 @@ def _apply(txn: Any, runner: _KeyRunner, key: str, ctx: Context) -> None:
         else:
             txn.set_timer(key, tag, spec[1], spec[0])
     for production in ctx.productions:
-        txn.checkpoint(production)
+        if runner.weak is not None:
+            runner.weak.append(production)  # delivered before the commit (weak productions)
+        else:
+            txn.checkpoint(production)

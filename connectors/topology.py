@@ -196,6 +196,14 @@ class Topology:
                     raise ConfigurationError(
                         f"stream {stream!r} is both injected and produced: rename one of them"
                     )
+        for spec in self.computations.values():
+            if spec.options.productions == "weak":
+                external = sorted(s for s in spec.outputs if s in self.sinks)
+                if external:
+                    raise ConfigurationError(
+                        f"computation {spec.name!r}: weak productions go only to internal "
+                        f"streams, but {external} have sinks; use productions='strong'"
+                    )
         for stream in self.sinks:
             if stream not in produced:
                 raise ConfigurationError(
