@@ -12,9 +12,11 @@ class ConfigurationError(MillstreamError):
 
 
 class FencedError(MillstreamError):
-    """The shard's lease moved to a newer owner: this writer is a zombie.
+    """The shard's lease moved to a newer owner: this writer's commit was discarded whole.
 
-    Never retried. The newer owner re-runs the work; this one must stop.
+    A commit is never retried with the old lease. The shard task starts over from acquire with
+    a fresh lease (its input may belong to a batch the newer owner is not processing), a
+    bounded number of times; then the task fails and Spark retries it.
     """
 
 
