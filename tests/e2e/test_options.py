@@ -1,4 +1,5 @@
-"""Per-computation options on real Spark, Redis and Kafka: weak productions."""
+"""Per-computation options on real Spark, Redis and Kafka: weak productions, and a computation
+added to a running application without restarting the others."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ class Tally(Computation):
         ctx.set_state(ctx.get_state(0) + 1)
 
 
-def _send(bootstrap: str, topic: str, n: int, keys: int = 10) -> Counter[str]:
+def _send(bootstrap: str, topic: str, n: int, keys: int = 10, first: int = 0) -> Counter[str]:
+    """Send n records with ids r<first>..; returns the count per key."""
     producer = Producer({"bootstrap.servers": bootstrap})
     truth: Counter[str] = Counter()
-    for i in range(n):
+    for i in range(first, first + n):
         key = f"k{i % keys}"
         truth[key] += 1
         producer.produce(topic, key=key, value=f"v{i}".encode(), headers=[("id", f"r{i}".encode())])
@@ -81,3 +83,38 @@ def test_weak_productions_to_an_external_sink_are_rejected(redis_namespace: str)
     topology.sink("forwarded", object())
     with pytest.raises(ConfigurationError, match="weak productions go only to internal streams"):
         topology.validate()
+
+
+def test_a_computation_added_to_a_running_application_leaves_the_others_running(
+    start_app: Any,
+    kafka_bootstrap: str,
+    kafka_topic_factory: Any,
+    redis_namespace: str,
+    redis_client: Any,
+) -> None:
+    topic = kafka_topic_factory(partitions=2)
+    truth = _send(kafka_bootstrap, topic, 200)
+    topology = Topology(redis_namespace)
+    topology.source("input", kafka_source(topic, id_header="id"), max_out_of_order_ms=10_000)
+    topology.computation("first", Tally(), inputs=["input"])
+    app = start_app(topology, shards=2)
+    wait_until(
+        lambda: _metric(redis_client, redis_namespace, "first", "records") >= 200, 120, "first", app
+    )
+    first_query = app.runners["first"].query
+
+    topology.computation("second", Tally(), inputs=["input"], start="earliest")
+    app.start(["second"])
+    more = _send(kafka_bootstrap, topic, 100, first=200)
+    wait_until(
+        lambda: _metric(redis_client, redis_namespace, "second", "records") >= 300,
+        120,
+        "second",
+        app,
+    )
+    wait_until(
+        lambda: _metric(redis_client, redis_namespace, "first", "records") >= 300, 60, "first", app
+    )
+    assert app.runners["first"].query is first_query and first_query.isActive
+    assert _states(redis_client, redis_namespace, "second", 2) == dict(truth + more)
+    assert _states(redis_client, redis_namespace, "first", 2) == dict(truth + more)
