@@ -108,7 +108,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # batch to the source only when it builds the next one: without this, the last batch
         # of an AvailableNow run would never publish its watermark.
         self._publish(begin.watermark)
-        end = self._plan().latest(begin, max_rows)
+        try:
+            end = self._plan().latest(begin, max_rows)
+        except TransientError as exc:
+            # The broker did not answer in time (e.g. still settling after a crash of this
+            # pipeline): no batch this trigger, a fresh probe client at the next one. Retrying
+            # is right here; failing the query would stop every shard for a passing stall.
+            log.warning(
+                "injector %s: no end offsets this trigger (%s); retrying", self._options.stream, exc
+            )
+            planner, self._planner = self._planner, None
+            if planner is not None:
+                planner.close()
+            return start
         # Returning `start` itself (same JSON text) tells Spark there is no new batch.
         return start if end is None else end.to_json()
 
