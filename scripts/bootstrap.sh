@@ -42,4 +42,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q -e '.[test,demo]'
   touch "$stamp"
 fi
-say "ready: $("$VENV/bin/python" --version), java $java_major, $(redis-server --version | cut -d' ' -f3)"
+say "ready: $("$VENV/bin/python" --version), java $java_major, $(redis-server --version | sed 's/.*v=\([0-9.]*\).*/redis \1/')"
