@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import NewTopic
 
 from millstream.errors import ConfigurationError, TransientError
+from millstream.sinks._kafka import admin_metadata
 
 # Explicit retention: some clients fail on topics whose config lacks it (INFRA.md).
 TOPIC_CONFIG = {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"}
@@ -16,11 +18,15 @@ TOPIC_CONFIG = {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "de
 def ensure_topics(
     kafka: Mapping[str, str], topics: Mapping[str, int], timeout: float = 30.0
 ) -> None:
-    """Create each missing topic with its partition count; existing topics are left as they are."""
-    admin = AdminClient(dict(kafka))
+    """Create each missing topic with its partition count; existing topics are left as they are.
+
+    The first Kafka contact of `millstream run`: security settings that do not fit the broker
+    raise ConfigurationError here within seconds (`admin_metadata`), not after `timeout`.
+    """
     try:
-        existing = set(admin.list_topics(timeout=timeout).topics)
-    except Exception as exc:
+        admin, metadata = admin_metadata(kafka, timeout)
+        existing = set(metadata.topics)
+    except KafkaException as exc:
         raise TransientError(
             f"Kafka at {kafka.get('bootstrap.servers')} is unreachable ({exc}); "
             "check KAFKA_BOOTSTRAP_SERVERS and that the broker runs."

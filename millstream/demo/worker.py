@@ -19,7 +19,8 @@ from millstream.settings import Settings
 def topology_from(config: dict[str, Any]) -> Topology:
     from millstream.sinks.kafka_transactional import KafkaTransactionalSink
 
-    kafka = {"bootstrap.servers": str(config["bootstrap"])}
+    # The sinks' clients get the MILLSTREAM_KAFKA_* pass-through (SASL, TLS) like every other.
+    kafka = {**Settings.from_env().kafka_extra, "bootstrap.servers": str(config["bootstrap"])}
     sources = {
         "dc1": kafka_source(str(config["input_topic"]), name="dc1", id_header="event-id"),
         "dc2": logfile_source(

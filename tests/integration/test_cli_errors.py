@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -18,6 +17,7 @@ import pytest
 import redis
 
 from millstream.embedded import RedisService, start_redis
+from tests.secrets import secret
 
 SCRIPT = Path(sys.executable).with_name("millstream")
 TIMEOUT = 120
@@ -135,7 +135,7 @@ def password_redis(tmp_path: Path) -> Iterator[tuple[RedisService, str]]:
     The password is set after start: `start_redis`'s readiness probe does not authenticate.
     """
     service = start_redis(tmp_path / "password-redis")
-    password = f"pw-{secrets.token_hex(12)}"
+    password = secret("cli")
     try:
         admin = redis.Redis(host="127.0.0.1", port=service.port)
         try:
@@ -182,7 +182,7 @@ def test_wrong_password_is_one_line_and_masked(
     password_redis: tuple[RedisService, str], tmp_path: Path
 ) -> None:
     service, password = password_redis
-    wrong = f"wrong-{secrets.token_hex(8)}"
+    wrong = secret("wrong")
     result = millstream(["status", "--json"], {"REDIS_URL": _url(service, wrong)}, tmp_path)
     line = assert_one_line_error(
         result, "rejected the credentials", f":***@127.0.0.1:{service.port}"

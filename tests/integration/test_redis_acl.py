@@ -15,6 +15,7 @@ from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, oldest_work
 from millstream.state.watermarks import Watermark, WatermarkAuthority
 from millstream.status import status
+from tests.secrets import secret
 
 README = (Path(__file__).parents[2] / "README.md").read_text()
 
@@ -23,12 +24,13 @@ def test_documented_acl_line_allows_millstream_and_nothing_else(tmp_path: Path) 
     line = re.search(r"^ACL SETUSER millstream .*$", README, flags=re.M)
     assert line, "the README documents an ACL line"
     app = "acl-app"
-    command = line.group(0).replace("<app>", app).replace(">PASSWORD", ">s3cret-pw")
+    password = secret("acl")
+    command = line.group(0).replace("<app>", app).replace(">PASSWORD", f">{password}")
     service = start_redis(tmp_path / "redis")
     try:
         admin = redis.Redis.from_url(service.url)
         admin.execute_command(*command.split()[0:2], *command.split()[2:])
-        url = service.url.replace("redis://", "redis://millstream:s3cret-pw@")
+        url = service.url.replace("redis://", f"redis://millstream:{password}@")
         client = connect(url, cached=False)
 
         keys = ShardKeys(app, "comp", 0)
