@@ -24,6 +24,11 @@ class BatchPlan:
     internal_inputs: frozenset[str]
     deliveries: Mapping[str, object]  # stream -> sink factory (see connectors.delivery)
     in_flight_streams: frozenset[str]  # streams whose deliveries hold consumers' watermarks
+    # Bad-input bounds (MILLSTREAM_MAX_RECORD_BYTES, MILLSTREAM_MAX_FUTURE_MS): a record beyond
+    # them is dead-lettered, so per-key state stays bounded and no timestamp far ahead of the
+    # clock opens windows or timers that would never close.
+    max_record_bytes: int = 1 << 20
+    max_future_ms: int = 86_400_000
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,9 @@ from millstream.state.timers import firing_order
 
 log = logging.getLogger(__name__)
 FENCED_RETRIES = 3
+# A dead letter carries at most this much of the record's value (its size is given): an
+# oversized record must not make an undeliverable dead letter.
+DEAD_LETTER_VALUE_BYTES = 16 * 1024
 
 # Column positions of injectors.schema.INJECTED_SCHEMA.
 STREAM, ID, KEY, VALUE, TS, SYSTEM, SOURCE, PARTITION, OFFSET, HEADERS, ERROR = range(11)
@@ -77,26 +80,53 @@ def _position(row: tuple) -> bytes:
     return f"{row[SOURCE]}:{row[PARTITION]}:{row[OFFSET]}".encode()
 
 
+def _rejected(plan: BatchPlan, row: tuple) -> str | None:
+    """Why an otherwise good record must be dead-lettered instead of processed, or None.
+
+    Oversized records would make per-key state, catalogs and productions in Redis unbounded;
+    an event time far ahead of the clock would open windows and timers that never close.
+    """
+    size = len(row[KEY] or b"") + len(row[VALUE] or b"")
+    if size > plan.max_record_bytes:
+        return (
+            f"record of {size} bytes (key plus value) exceeds MILLSTREAM_MAX_RECORD_BYTES="
+            f"{plan.max_record_bytes}; raise it to accept such records"
+        )
+    ts = row[TS]
+    if ts is not None and ts > plan.now + plan.max_future_ms:
+        return (
+            f"event time {ts} is {ts - plan.now} ms ahead of the clock, more than "
+            f"MILLSTREAM_MAX_FUTURE_MS={plan.max_future_ms}"
+        )
+    return None
+
+
 def dead_letter(
     plan: BatchPlan, spec: ComputationSpec, key: str, reason: str, row: tuple | None, **extra: Any
 ) -> Production:
     """A dead-letter production: the reason, the computation, the key and the record's position."""
     body: dict[str, Any] = {"computation": spec.name, "key": key, "error": reason, **extra}
+    timestamp = plan.now
     if row is not None:
+        value = row[VALUE] or b""
         body.update(
             stream=row[STREAM],
             source=row[SOURCE],
             partition=row[PARTITION],
             offset=row[OFFSET],
             record_id=(row[ID] or b"").hex(),
-            value=(row[VALUE] or b"").decode("utf-8", "backslashreplace"),
+            value=value[:DEAD_LETTER_VALUE_BYTES].decode("utf-8", "backslashreplace"),
             timestamp=row[TS],
         )
+        if len(value) > DEAD_LETTER_VALUE_BYTES:
+            body.update(value_bytes=len(value), value_truncated=True)
+        if row[TS] is not None and 0 <= row[TS] <= plan.now + plan.max_future_ms:
+            timestamp = row[TS]
     return Production(
         stream=DEAD_LETTERS,
         key=key,
         value=json.dumps(body, sort_keys=True).encode(),
-        timestamp=row[TS] if row is not None and row[TS] is not None else plan.now,
+        timestamp=timestamp,
         id=uuid.uuid4().bytes,
         system_time=plan.now,
     )
@@ -239,8 +269,9 @@ def _run_once(
             runner.count("timers_fired")
 
     for item, record in fresh:
-        if item.error is not None:
-            txn.checkpoint(dead_letter(plan, spec, record.key, item.error, item.row))
+        error = item.error if item.error is not None else _rejected(plan, item.row)
+        if error is not None:
+            txn.checkpoint(dead_letter(plan, spec, record.key, error, item.row))
             runner.count("dead_letters")
             continue
         if record.timestamp is not None and record.timestamp < wm:

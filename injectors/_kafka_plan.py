@@ -19,7 +19,7 @@ from millstream.injectors.watermark import (
     idle_watermark,
     injector_watermark,
 )
-from millstream.state.watermarks import Watermark, now_ms
+from millstream.state.watermarks import NONE_KNOWN, Watermark, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,11 @@ class OffsetPlanner:
                     event = value
             except Exception as exc:  # the executor turns this record into an error row
                 log.debug("timestampExtractor failed on a peeked record: %s", exc)
+        if max(event, system) > now + self._options.max_future_ms:
+            # A record far ahead of the clock is dead-lettered, not processed: it says nothing
+            # about pending work, and as the estimate it would push the (monotonic) watermark
+            # years ahead and make every later record late. Hold the watermark instead.
+            return NONE_KNOWN
         return Watermark(event, system)
 
     # ---------------------------------------------------------------- Spark entry points

@@ -14,6 +14,11 @@ How end offsets are learned, and why (verified on Tansu 0.6.0 with confluent-kaf
   fetch. One probe is one fetch round trip: 1-5 ms on loopback.
 * `fetch.wait.max.ms=0` makes Tansu never answer an empty fetch (the probe hangs); 1 ms works
   on both brokers, and an empty probe then costs about two waits (~4 ms on Tansu).
+* Tansu sends *no* response to a fetch it cannot assemble within `fetch.wait.max.ms`: on S3
+  storage (durable Tansu) a 1-2 ms fetch of existing records is never answered (5 ms is), and on
+  a loaded machine the in-memory engine misses 1 ms too, which stalled injectors for minutes.
+  So the probe starts at 1 ms and, when a fetch goes unanswered for ESCALATE_AFTER_S, rebuilds
+  its consumer with the next longer wait in FETCH_WAITS_MS and keeps it.
 * The probe reads `read_uncommitted` on purpose: under `read_committed` a fetch beyond the last
   stable offset returns neither records nor EOF while a transaction is open. On Apache Kafka the
   high watermark can therefore lie beyond the last stable offset; executors reading
@@ -43,6 +48,9 @@ log = logging.getLogger(__name__)
 EARLIEST = OFFSET_BEGINNING  # a logical offset: "the first record" (ListOffsets earliest)
 METADATA_REFRESH_S = 30.0
 PROBE_TIMEOUT_S = 30.0
+FETCH_WAITS_MS = (1, 25, 250)  # fetch.wait.max.ms of the probe, escalated when unanswered
+ESCALATE_AFTER_S = 3.0
+_wait_level = 0  # index into FETCH_WAITS_MS, for every probe of this process from then on
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -114,7 +122,7 @@ class PartitionProbe:
             config = self._options.client_config(
                 **{
                     "isolation.level": "read_uncommitted",
-                    "fetch.wait.max.ms": 1,
+                    "fetch.wait.max.ms": FETCH_WAITS_MS[_wait_level],
                     "max.partition.fetch.bytes": 65536,
                     "client.id": f"millstream-injector-probe-{self._options.stream}",
                 }
@@ -156,20 +164,45 @@ class PartitionProbe:
         """Fetch once at each given offset (or EARLIEST); one round trip for all partitions."""
         if not at:
             return {}
+        global _wait_level
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while True:
+            last = _wait_level == len(FETCH_WAITS_MS) - 1
+            patience = deadline if last else time.monotonic() + ESCALATE_AFTER_S
+            seen = self._fetch_once(at, min(patience, deadline))
+            if len(seen) == len(at):
+                return {tp: self._peek(tp, message) for tp, message in seen.items()}
+            if last or time.monotonic() >= deadline:
+                missing = ", ".join(tp_key(tp) for tp in at if tp not in seen)
+                raise TransientError(
+                    f"Kafka at {self._options.bootstrap_servers} sent no fetch response for "
+                    f"{missing} within {PROBE_TIMEOUT_S:.0f} s; is the broker up and the "
+                    "partition led?"
+                )
+            _wait_level += 1
+            log.warning(
+                "injector %s: a %d ms fetch went unanswered for %.0f s (a slow broker drops "
+                "such fetches); probing with fetch.wait.max.ms=%d from now on",
+                self._options.stream,
+                FETCH_WAITS_MS[_wait_level - 1],
+                ESCALATE_AFTER_S,
+                FETCH_WAITS_MS[_wait_level],
+            )
+            self.close()  # the next _client() uses the longer wait
+
+    def _fetch_once(
+        self, at: Mapping[TopicPartition, int], deadline: float
+    ) -> dict[TopicPartition, Any]:
+        """The first event of each partition (record or EOF) seen before `deadline`."""
         consumer = self._client()
         servers = self._options.bootstrap_servers
         consumer.assign([KafkaTP(t, p, offset) for (t, p), offset in at.items()])
         seen: dict[TopicPartition, Any] = {}
         try:
-            deadline = time.monotonic() + PROBE_TIMEOUT_S
             while len(seen) < len(at):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    missing = ", ".join(tp_key(tp) for tp in at if tp not in seen)
-                    raise TransientError(
-                        f"Kafka at {servers} sent no fetch response for {missing} within "
-                        f"{PROBE_TIMEOUT_S:.0f} s; is the broker up and the partition led?"
-                    )
+                    break
                 for message in next_events(consumer, 1000, min(remaining, 1.0)):
                     tp = (message.topic(), message.partition())
                     if tp not in at or tp in seen:
@@ -178,12 +211,14 @@ class PartitionProbe:
                     if err is not None and err.code() != KafkaError._PARTITION_EOF:
                         raise broker_error(err, f"probing {tp_key(tp)}", servers)
                     seen[tp] = message
-            return {tp: self._peek(consumer, tp, message) for tp, message in seen.items()}
+            for tp, message in seen.items():  # read the high watermark before unassigning
+                seen[tp] = (message, consumer.get_watermark_offsets(KafkaTP(*tp), cached=True)[1])
+            return seen
         finally:
             consumer.unassign()
 
-    def _peek(self, consumer: Consumer, tp: TopicPartition, message: Any) -> Peek:
-        _, high = consumer.get_watermark_offsets(KafkaTP(*tp), cached=True)
+    def _peek(self, tp: TopicPartition, seen: tuple[Any, int]) -> Peek:
+        message, high = seen
         if message.error() is not None:  # PARTITION_EOF: the offset is the fetch position = end
             return Peek(high=max(high, message.offset()), offset=None)
         offset = message.offset()

@@ -50,6 +50,11 @@ _ERROR = cast("Callable[[Any], KafkaError | None]", Message.error)
 CONSUME_CHUNK = 10_000
 
 _CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
+# fetch.wait.max.ms of readers, escalated (for this process) when a fetch of records that exist
+# goes unanswered: Tansu drops fetches it cannot assemble in time (see _kafka_probe).
+READ_WAITS_MS = (10, 100, 500)
+ESCALATE_AFTER_S = 3.0
+_wait_level = 0
 _EXTRACTORS: dict[tuple[str, str], Extractor] = {}
 _LOCK = threading.Lock()
 
@@ -67,7 +72,8 @@ class KafkaRange(InputPartition):
 def _consumer(options: KafkaInjectorOptions) -> tuple[tuple[tuple[str, str], ...], Consumer]:
     config = options.client_config(
         **{
-            "fetch.wait.max.ms": 10,  # only waited for at a range ending in markers or gaps
+            # only waited for at a range ending in markers or gaps
+            "fetch.wait.max.ms": READ_WAITS_MS[_wait_level],
             "max.partition.fetch.bytes": 4 * 1024 * 1024,
             "queued.max.messages.kbytes": 32 * 1024,
             # Not per stream: one consumer per worker serves every topic it is handed.
@@ -197,6 +203,7 @@ class _RowBuilder:
         )
         self._id_path = options.id_extractor
         self._ts_path = options.timestamp_extractor
+        self._max_future_ms = options.max_future_ms
         self.custom_ids = self._id_header is not None or self._id_extractor is not None
 
     def add(self, cols: _Columns, messages: list[Any], end: int) -> bool:
@@ -240,16 +247,45 @@ class _RowBuilder:
                 self._event_time(cols, first_row + i, keys[i], values[i], headers[i] or [], stamp)
                 for i, stamp in enumerate(stamps)
             )
-        if 0 in kinds:  # TIMESTAMP_NOT_AVAILABLE (message format v0): no stable system time
-            for i, kind in enumerate(kinds):
-                if kind == 0:
-                    cols.event[first_row + i] = None
-                    cols.system[first_row + i] = 0
-                    _error(cols, first_row + i, "record has no timestamp (message format v0)")
+        now = int(time.time() * 1000)
+        bound = now + self._max_future_ms
+        if 0 in kinds or min(stamps) < 0 or max(stamps) > bound:
+            self._bad_timestamps(cols, first_row, kinds, stamps, now, bound)
         if self.custom_ids:
             for i, message in enumerate(messages):
                 self._record_id(cols, first_row + i, message, keys[i], values[i], headers[i] or [])
         return complete
+
+    def _bad_timestamps(
+        self,
+        cols: _Columns,
+        first_row: int,
+        kinds: tuple[int, ...],
+        stamps: tuple[int, ...],
+        now: int,
+        bound: int,
+    ) -> None:
+        """Records whose Kafka timestamp is missing, negative or far ahead become error rows.
+
+        Their system time is the read clock instead: a system time before the catalog's GC
+        watermark would make the runtime drop the row as an old duplicate (a silent loss), and
+        one far ahead would park its id in a catalog bucket that is never collected.
+        """
+        for i, (kind, stamp) in enumerate(zip(kinds, stamps, strict=True)):
+            if kind == 0:  # TIMESTAMP_NOT_AVAILABLE (message format v0)
+                reason = "record has no timestamp (message format v0)"
+            elif stamp < 0:
+                reason = f"record has no valid timestamp (Kafka timestamp {stamp})"
+            elif stamp > bound:
+                reason = (
+                    f"record timestamp {stamp} is {stamp - now} ms ahead of the clock, more than "
+                    f"maxFutureMs={self._max_future_ms} (MILLSTREAM_MAX_FUTURE_MS)"
+                )
+            else:
+                continue
+            cols.event[first_row + i] = None
+            cols.system[first_row + i] = now
+            _error(cols, first_row + i, reason)
 
     def _event_time(
         self, cols: _Columns, row: int, key: Any, value: Any, headers: list[Any], stamp: int
@@ -316,6 +352,24 @@ class _RowBuilder:
         cols.ids.append(fallback)
 
 
+def _escalate(
+    options: KafkaInjectorOptions, key: tuple[tuple[str, str], ...], where: str
+) -> tuple[tuple[tuple[str, str], ...], Consumer]:
+    """Replace the consumer by one with the next longer fetch wait (kept for this process)."""
+    global _wait_level
+    _discard(key)
+    with _LOCK:
+        _wait_level = min(_wait_level + 1, len(READ_WAITS_MS) - 1)
+    log.warning(
+        "reading %s: fetches went unanswered for %.0f s (a slow broker drops fetches it cannot "
+        "assemble in time); reading with fetch.wait.max.ms=%d from now on",
+        where,
+        ESCALATE_AFTER_S,
+        READ_WAITS_MS[_wait_level],
+    )
+    return _consumer(options)
+
+
 def read_range(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of [part.start, part.end) as Arrow batches of INJECTED_SCHEMA."""
     if part.end <= part.start:
@@ -326,6 +380,7 @@ def read_range(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[pa.R
     where = f"{part.topic}:{part.partition} [{part.start}, {part.end})"
     timeout_s = options.read_timeout_ms / 1000.0
     consumer.assign([KafkaTP(part.topic, part.partition, part.start)])
+    position = part.start  # the next offset this task needs
     failed = True
     # The cyclic GC would walk every live Message object over and over (about 20% of the
     # time); this loop creates no cycles. The previous state is restored when the task ends.
@@ -338,7 +393,13 @@ def read_range(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[pa.R
         while not done:
             messages = next_events(consumer, CONSUME_CHUNK, 1.0)
             if not messages:
-                if time.monotonic() - last_progress > timeout_s:
+                quiet = time.monotonic() - last_progress
+                if quiet > ESCALATE_AFTER_S and _wait_level < len(READ_WAITS_MS) - 1:
+                    key, consumer = _escalate(options, key, where)
+                    consumer.assign([KafkaTP(part.topic, part.partition, position)])
+                    last_progress = time.monotonic()
+                    continue
+                if quiet > timeout_s:
                     raise TransientError(
                         f"reading {where} from {servers}: no record for {timeout_s:.0f} s "
                         "(readTimeoutMs). A transaction left open by its producer holds "
@@ -359,6 +420,8 @@ def read_range(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[pa.R
                         # Everything below the partition's end came before this event.
                         done = True
                         break
+            if records:
+                position = max(position, records[-1].offset() + 1)
             if builder.add(cols, records, part.end):
                 done = True
             if len(cols) >= ROWS_PER_BATCH or (done and len(cols)):

@@ -151,7 +151,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._options.stream, self._options.instance, watermark
             )
             self._published = watermark
-        except (TransientError, redis.ConnectionError, redis.TimeoutError) as exc:
+        except (
+            TransientError,
+            redis.ConnectionError,
+            redis.TimeoutError,
+            redis.OutOfMemoryError,  # Redis at maxmemory: the driver reports it and retries
+        ) as exc:
             # Safe to skip: the watermark only holds; the next batch publishes a newer one.
             log.warning("injector watermark not published this batch: %s", exc)
 
