@@ -14,6 +14,7 @@ from millstream.connectors.plan import BatchPlan
 from millstream.records import Production
 from millstream.state.client import connect
 from millstream.state.watermarks import Watermark, WatermarkAuthority
+from millstream.testing._crash import crash_point
 
 _SINKS: dict[tuple[str, str, str, int], Any] = {}
 _LOCK = threading.Lock()
@@ -56,7 +57,9 @@ def deliver_all(
     for stream, items in by_stream.items():
         targets = plan.deliveries.get(stream, ())
         for target in targets:  # type: ignore[attr-defined]
+            crash_point("after_redis_commit")  # test-only; a no-op unless the test asks
             report = _sink(plan, computation, stream, target).deliver(ref, items)
+            crash_point("after_kafka_commit")
             if stream in plan.in_flight_streams and target.index == 0:
                 _record_in_flight(plan, stream, report)
         delivered.extend(items)

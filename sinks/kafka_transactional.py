@@ -71,12 +71,14 @@ from millstream.sinks.base import (
     ShardRef,
     Sink,
 )
+from millstream.testing._crash import crash_point
 
 PROGRESS_TOPIC = "__millstream_progress"
 _PROGRESS_PARTITION = 0
 _NO_PROGRESS = -1
 _RETRY_PAUSE_S = 0.1
 _FLUSH_SLICE_S = 0.5
+_STUCK_GRACE_S = 5.0
 
 
 def transactional_id(shard: ShardRef) -> str:
@@ -331,6 +333,7 @@ class KafkaTransactionalSink(Sink):
 
     def _before_commit(self, shard: ShardRef) -> None:
         """Fault-injection point for tests: records are acknowledged, progress not yet sent."""
+        crash_point("before_kafka_commit")  # MILLSTREAM_TEST_CRASH_AT; a no-op otherwise
 
     def _produce(
         self,
@@ -411,10 +414,49 @@ class KafkaTransactionalSink(Sink):
                 state,
                 deadline,
                 "send_offsets_to_transaction",
-                lambda o=offsets, s=stream: state.producer.send_offsets_to_transaction(
-                    o, state.group_meta[s], max(0.1, deadline.left())
+                lambda o=offsets, s=stream: self._bounded(
+                    state,
+                    shard,
+                    deadline,
+                    lambda: state.producer.send_offsets_to_transaction(
+                        o, state.group_meta[s], max(0.1, deadline.left())
+                    ),
                 ),
             )
+
+    def _bounded(
+        self, state: _ShardProducer, shard: ShardRef, deadline: Deadline, call: Any
+    ) -> None:
+        """Run a transactional call that may ignore its own timeout, and give up on it.
+
+        librdkafka's send_offsets_to_transaction can block forever while the group coordinator
+        is unreachable (confluentinc/librdkafka#5456, #5511; seen here after a broker restart).
+        The call runs in a helper thread; if it has not returned `_STUCK_GRACE_S` after the
+        delivery deadline, the producer is dropped (its thread stays blocked: a bounded leak,
+        instead of a shard that never delivers again) and the delivery fails as retriable. The
+        next delivery initialises the transactional id again, which aborts the transaction.
+        """
+        box: dict[str, BaseException] = {}
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as exc:  # re-raised in the calling thread
+                box["error"] = exc
+
+        helper = threading.Thread(target=run, name=f"millstream-txn-{state.txn_id}", daemon=True)
+        helper.start()
+        helper.join(deadline.left() + _STUCK_GRACE_S)
+        if helper.is_alive():
+            self._discard(state)
+            raise TransientError(
+                f"shard {shard}: send_offsets_to_transaction did not return within "
+                f"{self._timeout + _STUCK_GRACE_S:.0f}s although given {self._timeout:.0f}s (a "
+                "librdkafka defect while the group coordinator is unreachable); the producer was "
+                "dropped and the checkpoints stay for the next delivery"
+            )
+        if "error" in box:
+            raise box["error"]
 
     def _commit(self, state: _ShardProducer, shard: ShardRef, deadline: Deadline) -> None:
         self._retrying(

@@ -33,8 +33,14 @@ from kafka.record import MemoryRecords
 from millstream.errors import MillstreamError, TransientError
 
 _OFFSET_OUT_OF_RANGE = 1
+_SHORT_WAIT_MS = 10  # Tansu answers max_wait_ms=0 with an empty response
+_LONG_WAIT_MS = 500
 _RETRIABLE_FETCH = {3, 5, 6, 7, 9, 14, 15, 56, 74, 75, 76}  # unknown tp, leader moves, timeouts
 _CAPS = {"Metadata": 8, "Fetch": 11, "ListOffsets": 5}  # newest non-flexible versions we use
+
+
+class LogHoleError(MillstreamError):
+    """Offsets below a partition's high watermark that the broker never serves: lost data."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +184,13 @@ def _fetch_all(
     version = conn.version(FetchRequest, "Fetch")
     position, max_bytes = 0, 8 << 20
     deadline = time.monotonic() + timeout
+    wait_ms = _SHORT_WAIT_MS
     out: list[RawBatch] = []
     while True:
         request = FetchRequest[version](
             replica_id=-1,
-            max_wait_ms=10,  # Tansu answers max_wait_ms=0 with an empty response
-            min_bytes=0,
+            max_wait_ms=wait_ms,
+            min_bytes=0 if wait_ms == _SHORT_WAIT_MS else 1,
             max_bytes=max_bytes,
             isolation_level=0,  # raw log, aborted data and control batches included
             topics=[
@@ -214,10 +221,11 @@ def _fetch_all(
         if part.error_code:
             raise MillstreamError(f"{topic}[{partition}]: Fetch error code {part.error_code}")
         records = MemoryRecords(bytes(part.records or b""))
-        advanced = False
+        advanced = truncated = False
         while records.has_next():
             batch = records.next_batch()
             if batch is None:
+                truncated = True
                 break
             next_offset = batch.base_offset + batch.last_offset_delta + 1
             if next_offset <= position:
@@ -237,9 +245,21 @@ def _fetch_all(
         if position >= part.high_watermark:
             return out, int(part.high_watermark)
         if not advanced:
-            if max_bytes >= 256 << 20 or time.monotonic() > deadline:
-                raise MillstreamError(f"{topic}[{partition}]: no progress at offset {position}")
-            max_bytes *= 2  # a batch larger than the fetch size
+            if truncated:
+                if max_bytes >= 256 << 20 or time.monotonic() > deadline:
+                    raise MillstreamError(f"{topic}[{partition}]: no progress at offset {position}")
+                max_bytes *= 2  # a batch larger than the fetch size
+            elif wait_ms == _SHORT_WAIT_MS:
+                # Tansu on s3:// storage answers a short fetch below the high watermark with no
+                # records while it loads them (after a restart, for example): wait for data.
+                wait_ms = _LONG_WAIT_MS
+            elif time.monotonic() > deadline:
+                raise LogHoleError(
+                    f"{topic}[{partition}]: the broker serves nothing at offset {position}, below "
+                    f"its high watermark {part.high_watermark}: records the log claims to hold "
+                    "are gone (seen on Tansu with s3:// storage after a kill -9: the batch being "
+                    "written was counted but not stored)"
+                )
 
 
 def apply_markers(topic: str, partition: int, batches: list[RawBatch]) -> list[CommittedRecord]:

@@ -1,0 +1,127 @@
+"""The Kafka broker restarts mid-run, under load: afterwards exactly once.
+
+One durable broker (`durable_kafka`: Tansu on local S3, so topics, data, transactions and
+committed offsets survive) carries the input, the internal streams and the transactional sink's
+output. While input keep arriving, the broker is stopped (SIGTERM) or crashed (SIGKILL) and
+started again after a pause longer than the sink's delivery timeout. The pipeline
+(`tests/e2e/sink_target.py`, in its own session) keeps running throughout: its sources
+reconnect, failed deliveries stay checkpointed and are delivered again. Every input's production
+must then appear exactly once in the marker-aware read_committed view, with per-key running
+counts 1..n (ground truth: the events the broker acknowledged to the test's producer).
+
+Tansu on s3:// storage can lose the batch it was writing when it is SIGKILLed while still
+counting it in the high watermark (a hole no Apache Kafka log has); the marker-aware reader then
+raises LogHoleError, and the test reports an expected failure naming that broker defect.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from millstream.testing.committed_reader import LogHoleError
+from millstream.testing.infra import create_topic
+from tests.e2e.sink_faults import (
+    Feeder,
+    Phases,
+    assert_exactly_once,
+    check_plain_consumer,
+    metric,
+    pending_productions,
+    pipeline_env,
+    read_output,
+    start_pipeline,
+    states,
+    stop_broker,
+    wait_complete,
+)
+
+pytestmark = pytest.mark.spark
+
+EVENTS = 240
+RATE = 20.0  # events per second: the feed lasts 12 s, the broker is down for 6 s of it
+DOWN_S = 6.0
+HOLE_REASON = (
+    "broker defect: Tansu (s3:// storage) killed with -9 lost a batch it counts below its "
+    "high watermark"
+)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_broker_restart_mid_run_under_load(
+    how: str,
+    durable_kafka: Any,
+    redis_url: str,
+    redis_client: Any,
+    redis_namespace: str,
+    tmp_path: Path,
+) -> None:
+    bootstrap = durable_kafka.bootstrap
+    app = redis_namespace
+    source = create_topic(bootstrap, partitions=2)
+    sink = create_topic(bootstrap, partitions=2)
+    env = pipeline_env(
+        redis_url,
+        bootstrap,
+        app,
+        tmp_path,
+        SINK_TARGET_INPUT=source,
+        SINK_TARGET_OUTPUT=sink,
+        SINK_TARGET_MODE="transactional",
+        SINK_TARGET_TIMEOUT_S="4",
+    )
+    feeder = Feeder(bootstrap, source, seed=11)
+    phase = Phases()
+    pipeline = start_pipeline(env, tmp_path)
+    try:
+        feeder.send(feeder.events(0, 20))
+        pipeline.wait_for(
+            lambda: len(read_output(bootstrap, sink, "transactional").ids) >= 20,
+            240,
+            "the first productions",
+        )
+        phase("pipeline up, first productions visible")
+        feeder.start(20, EVENTS - 20, RATE)
+        time.sleep(4)
+        delivered_before = len(read_output(bootstrap, sink, "transactional").ids)
+        # Input, internal streams, output and transaction state: all down.
+        if how == "kill9":
+            durable_kafka.kill9()
+        else:
+            stop_broker(durable_kafka)
+        phase(f"broker down by {how} ({delivered_before} productions visible)")
+        time.sleep(DOWN_S)
+        durable_kafka.restart()
+        phase("broker restarted")
+        feeder.join()
+        truth = feeder.finish()
+        phase(f"all {len(truth)} inputs acknowledged ({feeder.sent} sends)")
+        assert delivered_before < len(truth), "the broker went down after all the work was done"
+        try:
+            wait_complete(pipeline, bootstrap, sink, "transactional", truth)
+        except LogHoleError as exc:
+            assert how == "kill9", exc  # a clean stop must never lose data
+            pytest.xfail(f"{HOLE_REASON}: {exc}")
+        phase("every production delivered")
+        settled = metric(redis_client, app, "batches") + 3
+        pipeline.wait_for(
+            lambda: metric(redis_client, app, "batches") >= settled, 60, "three more batches"
+        )
+        output = read_output(bootstrap, sink, "transactional")
+        left = pending_productions(redis_client, app)
+        final_states = states(redis_client, app)
+        failures = metric(redis_client, app, "delivery_failures")
+        phase(f"settled; delivery failures during the outage: {failures}")
+    finally:
+        pipeline.stop(30)
+
+    assert_exactly_once(output, truth, (bootstrap, sink))
+    assert left == []
+    keys: dict[str, int] = {}
+    for event in truth.values():
+        keys[event.key] = keys.get(event.key, 0) + 1
+    assert final_states == keys
+    check_plain_consumer(bootstrap, sink, truth)
