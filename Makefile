@@ -2,8 +2,10 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+DURATION ?= 600
+BENCH_ARGS ?=
 
-.PHONY: help setup demo test lint typecheck unit bench clean
+.PHONY: help setup demo test lint typecheck unit bench chaos clean
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -27,10 +29,11 @@ test: setup lint typecheck ## Lint, type check and the full pytest suite
 unit: setup ## Only the fast unit tests
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: setup ## Run the benchmarks (state layer, Kafka injector, sinks); each prints its figures
-	$(BIN)/python benchmarks/bench_state.py
-	$(BIN)/python benchmarks/bench_injector.py
-	$(BIN)/python benchmarks/bench_sinks.py
+bench: setup ## Run `millstream bench` (BENCH_ARGS="--quick" for a smoke run); results in benchmarks/results/latest
+	$(BIN)/millstream bench $(BENCH_ARGS)
+
+chaos: setup ## Soak: a counter under random real faults for DURATION seconds (default 600), verified by id
+	$(BIN)/millstream chaos --duration $(DURATION)
 
 clean: ## Remove the virtualenv and local state
 	rm -rf $(VENV) .millstream build *.egg-info

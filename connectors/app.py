@@ -22,6 +22,8 @@ from millstream.settings import Settings
 
 log = logging.getLogger(__name__)
 
+RESTART_WINDOW_S = 600.0
+
 
 def spark_session(settings: Settings, app_name: str) -> Any:
     """A SparkSession whose Python workers run this interpreter (so they see our packages)."""
@@ -42,6 +44,11 @@ def spark_session(settings: Settings, app_name: str) -> Any:
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
         .config("spark.driver.memory", "1g")
+        # A Python worker on a saturated machine may take longer than the default 15 s to
+        # connect back to the JVM; that failed whole queries under load. Wait longer.
+        .config("spark.python.authenticate.socketTimeout", "60s")
+        # Options such as redis.url may carry a password: keep them out of Spark's logs and UI.
+        .config("spark.redaction.regex", r"(?i)secret|password|token|access[.]?key|url")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -96,6 +103,7 @@ class Application:
         self.endpoints = ends
         self.spark = spark
         self.runners: dict[str, ComputationRunner] = {}
+        self.restarts: dict[str, list[float]] = {}
 
     def prepare(self) -> None:
         topics = {
@@ -117,11 +125,35 @@ class Application:
             log.info("started computation %s", name)
 
     def check(self) -> None:
-        """Raise the first failure of any query (a failed query must not go unnoticed)."""
+        """Restart a failed query from its checkpoint, or raise once restarts are used up.
+
+        A query fails when one task does (Spark's local mode retries no task): a killed Python
+        worker, a Redis or broker restart mid-commit. Restarting replays the failed batch from
+        the checkpoint, and dedup plus leases keep that exactly-once. A failure that repeats more
+        than `query_restarts` times within RESTART_WINDOW_S is not transient: it is raised.
+        """
         for name, runner in self.runners.items():
             error = runner.query.exception() if runner.query is not None else None
-            if error is not None:
-                raise RuntimeError(f"computation {name!r} failed: {error}") from None
+            if error is None:
+                continue
+            now = time.monotonic()
+            recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW_S]
+            if len(recent) >= self.settings.query_restarts:
+                raise RuntimeError(
+                    f"computation {name!r} failed {len(recent) + 1} times within "
+                    f"{RESTART_WINDOW_S:.0f}s: {error}"
+                ) from None
+            log.warning(
+                "computation %s failed (restart %d of %d): %s",
+                name,
+                len(recent) + 1,
+                self.settings.query_restarts,
+                str(error).splitlines()[0][:500],
+            )
+            self.restarts[name] = [*recent, now]
+            with contextlib.suppress(Exception):
+                runner.query.stop()
+            runner.start(self.spark)
 
     def stop(self) -> None:
         for runner in self.runners.values():
@@ -149,9 +181,10 @@ def run(
     previous = {s: signal.signal(s, _signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with endpoints(settings) as ends:
-            spark = spark_session(settings, f"millstream.{topology.app}")
-            app = Application(topology, settings, ends, spark)
+            app = Application(topology, settings, ends, spark=None)
+            # Topics first: an unreachable broker fails here, before the JVM starts.
             app.prepare()
+            app.spark = spark_session(settings, f"millstream.{topology.app}")
             app.start()
             try:
                 while not stop.is_set():

@@ -15,11 +15,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
+from millstream.connectors.backpressure import hold_while_backlogged
 from millstream.connectors.delivery import Target
 from millstream.connectors.plan import BatchPlan, TaskInput, shard_of
 from millstream.connectors.shard_task import ERROR, ID, KEY, STREAM, VALUE, ShardResult, run_shard
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
-from millstream.settings import Settings
+from millstream.errors import MillstreamError
+from millstream.settings import Settings, mask_url
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys, app_key
 from millstream.state.shard import ShardConfig, oldest_work
@@ -35,6 +39,7 @@ from millstream.state.watermarks import (
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4
+OOM_RETRY_SECONDS = 600  # how long a batch waits for Redis to accept writes again
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,13 @@ def _route(
             yield shard_of(values[ID].hex(), shards), TaskInput(None, values, reason)
         else:
             yield shard_of(key, shards), TaskInput(key, values, None)
+
+
+def redis_out_of_memory(exc: BaseException) -> bool:
+    """Redis refused a write at maxmemory: raised here, or in a Spark task (then only the
+    text of the worker's traceback reaches the driver)."""
+    text = str(exc)  # Redis says "OOM command not allowed when used memory > 'maxmemory'"
+    return isinstance(exc, redis.OutOfMemoryError) or "command not allowed when used memory" in text
 
 
 def _shard_task(
@@ -168,6 +180,7 @@ class ComputationRunner:
     def _kafka_options(self, reader: Any, *, has_topic: bool) -> Any:
         kafka = dict(self.endpoints.kafka)
         reader = reader.option("bootstrap.servers", kafka.pop("bootstrap.servers"))
+        reader = reader.option("maxFutureMs", str(self.settings.max_future_ms))
         for key, value in kafka.items():
             reader = reader.option(f"kafka.{key}", value)
         return reader
@@ -231,6 +244,43 @@ class ComputationRunner:
         return self.authority.publish(f"{self.spec.name}#input", merge_min(parts))
 
     def process_batch(self, batch_df: Any, batch_id: int) -> None:
+        """Run one micro-batch; while Redis is at maxmemory, say so and run it again.
+
+        Redis refusing writes (OOM under `maxmemory-policy noeviction`) is not a reason to stop
+        the pipeline: a refused commit writes nothing, the exactly-once protocol makes a re-run
+        of the batch safe (shards that did commit see their records as replays), and an
+        operator can fix it at run time. Any other failure fails the query as before; so does an OOM that
+        lasts longer than OOM_RETRY_SECONDS.
+        """
+        # Backpressure: while a shard's productions pile up undelivered, take no new input.
+        hold_while_backlogged(self, batch_df.sparkSession, batch_id)
+        deadline = time.monotonic() + OOM_RETRY_SECONDS
+        delay = 1.0
+        while True:
+            try:
+                self._process_batch_once(batch_df, batch_id)
+                return
+            except Exception as exc:
+                if not redis_out_of_memory(exc):
+                    raise
+                message = (
+                    f"Redis at {mask_url(self.endpoints.redis_url)} is at maxmemory and refuses "
+                    f"writes (OOM command not allowed): computation {self.spec.name!r} cannot "
+                    f"commit batch {batch_id}. Fix: raise Redis maxmemory (CONFIG SET maxmemory "
+                    "<bytes>, 0 for no limit) or free memory, and keep maxmemory-policy "
+                    "noeviction (evicting would lose state)."
+                )
+                if self.query is not None and not self.query.isActive:
+                    raise  # the query is being stopped: do not hold its stop() up
+                if time.monotonic() + delay > deadline:
+                    raise MillstreamError(
+                        f"{message} Gave up after {OOM_RETRY_SECONDS} s; restart when fixed."
+                    ) from None
+                log.error("%s Retrying in %.0f s.", message, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _process_batch_once(self, batch_df: Any, batch_id: int) -> None:
         started = time.perf_counter()
         input_wm = self.input_watermark()
         planned = time.perf_counter()
@@ -251,6 +301,8 @@ class ComputationRunner:
             in_flight_streams=frozenset(
                 s for s in self.spec.outputs if self.topology.consumers_of(s)
             ),
+            max_record_bytes=self.settings.max_record_bytes,
+            max_future_ms=self.settings.max_future_ms,
         )
         spec, shards = self.spec, self.shards
         extractors = dict(spec.inputs)

@@ -106,6 +106,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
             f"duplicates {row['duplicates_dropped']}, late {row['late_records']}, "
             f"dead letters {row['dead_letters']}, lookups avoided {row['catalog_lookups_avoided']}, "
             f"pending productions {row['pending_productions']}, timers {row['timers_pending']}"
+            + (
+                f", HELD BY BACKPRESSURE since {row['backpressure_since']}"
+                if row["backpressure_since"]
+                else ""
+            )
         )
     return 0
 
@@ -114,6 +119,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from millstream.demo.cli import main as demo_main
 
     return demo_main(args)
+
+
+def _cmd_chaos(args: argparse.Namespace) -> int:
+    from millstream.chaos.cli import main as chaos_main
+
+    return chaos_main(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from millstream.bench.cli import main as bench_main
+
+    return bench_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,6 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
+    bench = sub.add_parser("bench", help="benchmarks: throughput, latency, watermarks, dedup")
+    from millstream.bench.cli import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
+    bench.set_defaults(func=_cmd_bench)
+    chaos = sub.add_parser(
+        "chaos", help="a counter under a seeded schedule of real faults, verified by record id"
+    )
+    from millstream.chaos.cli import add_arguments as add_chaos_arguments
+
+    add_chaos_arguments(chaos)
+    chaos.set_defaults(func=_cmd_chaos)
     return parser
 
 

@@ -483,18 +483,23 @@ def start_kafka(
     storage: str = "memory://tansu/",
     *,
     detached: bool = False,
+    advertised_port: int | None = None,
     _moto: MotoService | None = None,
 ) -> KafkaService:
-    """Tansu on loopback; `memory://` loses everything on restart (see `start_kafka_durable`)."""
+    """Tansu on loopback; `memory://` loses everything on restart (see `start_kafka_durable`).
+
+    `advertised_port`: the port clients are told to connect to, e.g. a `TcpProxy` in front.
+    """
     binary = _tansu_bin()
     workdir = Path(workdir).resolve()
     cluster_id = new_cluster_id()
 
     def make(p: int) -> KafkaService:
         listener = f"tcp://{HOST}:{p}"
+        advertised = f"tcp://{HOST}:{advertised_port or p}"
         argv = [
             binary, "broker", "--cluster-id", cluster_id, "--listener-url", listener,
-            "--advertised-listener-url", listener, "--storage-engine", storage,
+            "--advertised-listener-url", advertised, "--storage-engine", storage,
         ]  # fmt: skip
         companions = [_moto] if _moto is not None else []
         return KafkaService(

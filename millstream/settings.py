@@ -27,6 +27,11 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("MILLSTREAM_SHARDS", "8", "Default shard (key interval) count per computation, 1-4096."),
     ("MILLSTREAM_TRIGGER_MS", "200", "Micro-batch trigger interval in milliseconds."),
     ("MILLSTREAM_MAX_RECORDS_PER_BATCH", "200000", "Admission control: records per batch."),
+    (
+        "MILLSTREAM_MAX_PENDING_PRODUCTIONS",
+        "100000",
+        "Backpressure: undelivered productions per shard before input pauses.",
+    ),
     ("MILLSTREAM_BUCKET_SECONDS", "600", "Record-id catalog bucket width (system time)."),
     (
         "MILLSTREAM_GC_SLACK_SECONDS",
@@ -41,7 +46,22 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "Idle Kafka partitions: watermark follows now minus this.",
     ),
     ("MILLSTREAM_USER_RETRIES", "3", "Retries of user code before a record is dead-lettered."),
+    (
+        "MILLSTREAM_MAX_RECORD_BYTES",
+        "1048576",
+        "Records with larger key plus value are dead-lettered.",
+    ),
+    (
+        "MILLSTREAM_MAX_FUTURE_MS",
+        "86400000",
+        "Records timestamped further ahead of the clock are dead-lettered.",
+    ),
     ("MILLSTREAM_ON_USER_ERROR", "dead-letter", "dead-letter or fail-stop."),
+    (
+        "MILLSTREAM_QUERY_RESTARTS",
+        "3",
+        "Restarts of a failed computation query (from its checkpoint) within 10 minutes.",
+    ),
     ("MILLSTREAM_EMBEDDED", "auto", "auto: start embedded Redis/Kafka when unset; never: fail."),
     ("MILLSTREAM_STATE_DIR", ".millstream", "Working folder for embedded services and outputs."),
     ("MILLSTREAM_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
@@ -53,7 +73,8 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     (
         "MILLSTREAM_TEST_*",
         "(none)",
-        "Test-suite only: MILLSTREAM_TEST_REDIS_IMAGE, MILLSTREAM_TEST_KAFKA_IMAGE.",
+        "Test-suite only: MILLSTREAM_TEST_REDIS_IMAGE, MILLSTREAM_TEST_KAFKA_IMAGE, "
+        "MILLSTREAM_TEST_CRASH_AT (millstream.testing._crash).",
     ),
 )
 _KNOWN = {name for name, _, _ in VARIABLES if not name.endswith("*")}
@@ -61,8 +82,17 @@ _PREFIXES = ("MILLSTREAM_KAFKA_", "MILLSTREAM_TEST_")
 _SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "KEY_PASSWORD", "JAAS")
 
 
+_SECRET_QUERY = re.compile(r"((?:^|&)[^=&]*(?:password|secret|token)[^=&]*=)[^&]*", re.I)
+
+
 def mask_url(url: str | None) -> str | None:
-    """Hide the password of a URL such as redis://user:pw@host:6379/0."""
+    """Hide the password of a URL such as rediss://user:pw@host:6380/0?ssl_ca_certs=/ca.pem.
+
+    Query parameters stay, except secret ones (`?password=`, `?ssl_password=`): masked too.
+    """
+    if url and "?" in url:
+        base, _, query = url.partition("?")
+        url = base + "?" + _SECRET_QUERY.sub(r"\1***", query)
     if not url or "@" not in url:
         return url
     parts = urlsplit(url)
@@ -162,13 +192,17 @@ class Settings:
     shards: int = 8
     trigger_ms: int = 200
     max_records_per_batch: int = 200_000
+    max_pending_productions: int = 100_000
     bucket_seconds: int = 600
     gc_slack_seconds: int = 3600
     bloom_expected: int = 200_000
     bloom_fp_rate: float = 0.001
     idle_slack_ms: int = 2000
     user_retries: int = 3
+    max_record_bytes: int = 1 << 20
+    max_future_ms: int = 86_400_000
     on_user_error: str = "dead-letter"
+    query_restarts: int = 3
     embedded: str = "auto"
     state_dir: str = ".millstream"
     log_level: str = "INFO"
@@ -218,6 +252,13 @@ class Settings:
                 _bounded_int(1, 10**9),
                 "a positive integer",
             ),
+            max_pending_productions=_parse(
+                env,
+                "MILLSTREAM_MAX_PENDING_PRODUCTIONS",
+                "100000",
+                _bounded_int(1, 10**9),
+                "a positive integer (productions per shard)",
+            ),
             bucket_seconds=_parse(
                 env, "MILLSTREAM_BUCKET_SECONDS", "600", _bounded_int(1, 86_400), "seconds, 1-86400"
             ),
@@ -240,12 +281,29 @@ class Settings:
             user_retries=_parse(
                 env, "MILLSTREAM_USER_RETRIES", "3", _bounded_int(0, 100), "an integer 0-100"
             ),
+            max_record_bytes=_parse(
+                env,
+                "MILLSTREAM_MAX_RECORD_BYTES",
+                "1048576",
+                _bounded_int(1024, 1 << 30),
+                "bytes, 1024-1073741824",
+            ),
+            max_future_ms=_parse(
+                env,
+                "MILLSTREAM_MAX_FUTURE_MS",
+                "86400000",
+                _bounded_int(0, 10 * 365 * 86_400_000),
+                "milliseconds, 0-315360000000",
+            ),
             on_user_error=_parse(
                 env,
                 "MILLSTREAM_ON_USER_ERROR",
                 "dead-letter",
                 _choice("dead-letter", "fail-stop"),
                 "dead-letter or fail-stop",
+            ),
+            query_restarts=_parse(
+                env, "MILLSTREAM_QUERY_RESTARTS", "3", _bounded_int(0, 1000), "an integer 0-1000"
             ),
             embedded=_parse(
                 env, "MILLSTREAM_EMBEDDED", "auto", _choice("auto", "never"), "auto or never"

@@ -49,6 +49,11 @@ def status(client: Any, app: str) -> dict[str, Any]:
             "catalog_lookups_avoided": int(metrics.get("lookups_avoided", 0)),
             "catalog_reads": int(metrics.get("catalog_reads", 0)),
             "pending_productions": sum(counts[0::3]),
+            # Set while the computation takes no new input because a target is down or slow.
+            "backpressure_since": json.loads(metrics["backpressure"])["since"]
+            if "backpressure" in metrics
+            else None,
+            "backpressure_seconds": float(metrics.get("backpressure_seconds", 0)),
             "timers_pending": sum(counts[1::3]) + sum(counts[2::3]),
             "shards": shards,
         }

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from millstream.demo.generator import MAX_DELAY_MS, WINDOW_MS, plan_traffic
@@ -23,61 +19,16 @@ from millstream.demo.verify import verify
 from millstream.settings import Settings
 from millstream.state.keys import app_key
 from millstream.state.watermarks import WatermarkAuthority, now_ms
+from millstream.testing.process import PipelineProcess
 
 INPUT_PARTITIONS = 4
-
-
-class Pipeline:
-    """The pipeline process group: started, SIGKILLed and restarted by the demo."""
-
-    def __init__(self, config_path: Path, env: dict[str, str], log_path: Path) -> None:
-        self.config_path = config_path
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "millstream.demo.worker", str(self.config_path)],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)  # driver, JVM, Python workers: all at once
-        self.proc.wait()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self._reap_group()
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._reap_group()
-
-    def _reap_group(self) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the JVM may outlive the driver
 
 
 def _batches(client: Any, app: str, stage: str) -> int:
     return int(client.hget(app_key(app, "metrics", stage), "batches") or 0)
 
 
-def _wait(what: str, condition: Any, timeout: float, pipeline: Pipeline) -> None:
+def _wait(what: str, condition: Any, timeout: float, pipeline: PipelineProcess) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
@@ -180,7 +131,11 @@ def run_demo(
         "MILLSTREAM_LOG_LEVEL": "WARNING",
     }
     client = connect(redis_url)
-    pipeline = Pipeline(config_path, env, folder / "pipeline.log")
+    pipeline = PipelineProcess(
+        [sys.executable, "-m", "millstream.demo.worker", str(config_path)],
+        env,
+        folder / "pipeline.log",
+    )
     plan = plan_traffic(
         duration_s=opts.duration,
         rate=opts.rate,

@@ -17,9 +17,10 @@ STAGES = ("window_counter", "model_calculator", "spike_detector", "dip_detector"
 class WatermarkSampler(threading.Thread):
     """Samples each stage's published low watermark once per second (the paper's Figure 15)."""
 
-    def __init__(self, client: Any, app: str) -> None:
+    def __init__(self, client: Any, app: str, stages: tuple[str, ...] = STAGES) -> None:
         super().__init__(name="wm-sampler", daemon=True)
         self.authority = WatermarkAuthority(client, app)
+        self.stages = stages
         self.samples: list[dict[str, Any]] = []
         self._halt = threading.Event()
 
@@ -35,7 +36,7 @@ class WatermarkSampler(threading.Thread):
             try:
                 now = now_ms()
                 sample: dict[str, Any] = {"t": now}
-                for stage in STAGES:
+                for stage in self.stages:
                     wm = self.latest(stage)
                     sample[stage] = None if wm is None else now - wm
                 self.samples.append(sample)

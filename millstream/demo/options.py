@@ -10,7 +10,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class DemoOptions:
-    duration: float = 40.0  # seconds of generated traffic (see the README on longer runs)
+    duration: float = 120.0  # seconds of generated traffic
     rate: float = 300.0  # events per second, on average
     duplicates: float = 0.01  # share of events sent twice
     late: float = 0.002  # share of events sent far behind the watermark
@@ -30,7 +30,7 @@ class DemoOptions:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = DemoOptions()
     parser.add_argument(
-        "--duration", type=float, default=d.duration, help="seconds of traffic (default 40)"
+        "--duration", type=float, default=d.duration, help="seconds of traffic (default 120)"
     )
     parser.add_argument(
         "--rate", type=float, default=d.rate, help="events per second (default 300)"

@@ -1,7 +1,8 @@
-"""Test support for millstream users: real infrastructure, started or found for you.
+"""Test support for millstream users: real infrastructure, real faults, verification by id.
 
 In a `conftest.py`: `pytest_plugins = ["millstream.testing.fixtures"]`. Outside pytest, use
-`millstream.testing.infra` (or `millstream.embedded`) directly.
+`millstream.testing.infra` (or `millstream.embedded`) directly. Fault injectors are in
+`millstream.testing.faults`, the id verifier in `millstream.testing.verify`.
 """
 
 from millstream.testing.infra import (
@@ -18,14 +19,21 @@ from millstream.testing.infra import (
     start_redis_cluster,
     stop_spark_session,
 )
+from millstream.testing.process import PipelineProcess
+from millstream.testing.proxy import TcpProxy
+from millstream.testing.verify import IdReport, compare_ids
 
 __all__ = [
+    "IdReport",
     "InfraPlan",
     "KafkaHandle",
+    "PipelineProcess",
     "RedisClusterHandle",
     "RedisHandle",
+    "TcpProxy",
     "acquire_kafka",
     "acquire_redis",
+    "compare_ids",
     "create_topic",
     "delete_topics",
     "plan_infra",

@@ -583,6 +583,7 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.authenticate.socketTimeout", "60s")  # as connectors.app does
         .config("spark.local.dir", str(workdir / "local"))
         .config("spark.sql.warehouse.dir", str(workdir / "warehouse"))
         .getOrCreate()

@@ -30,7 +30,7 @@ def start_app(
             kafka_bootstrap_servers=kafka_bootstrap,
             app=topology.app,
             checkpoint_dir=str(tmp_path / "checkpoints"),
-            **{"shards": 4, "trigger_ms": 200, **overrides},
+            **{"shards": 4, "trigger_ms": 200, "query_restarts": 0, **overrides},
         )
         ends = Endpoints(redis_url=redis_url, kafka={"bootstrap.servers": kafka_bootstrap})
         app = Application(topology, settings, ends, spark)

@@ -103,7 +103,7 @@ def test_demo_help_lists_its_options(capsys: pytest.CaptureFixture[str]) -> None
     assert out.startswith("usage: millstream demo")
     for flag in DEMO_FLAGS:
         assert flag in out
-    assert "(default 40)" in out
+    assert "(default 120)" in out
     assert err == ""
 
 

@@ -22,3 +22,20 @@ def test_public_api_is_small_and_explicit() -> None:
 
     assert "Computation" in millstream.__all__ and "Topology" in millstream.__all__
     assert all(hasattr(millstream, name) for name in millstream.__all__)
+
+
+def test_every_subpackage_is_listed_for_a_non_editable_install() -> None:
+    """An editable install finds any folder; `pip install .` only installs listed packages."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    listed = set(
+        tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        "millstream." + ".".join(p.parent.relative_to(root / "millstream").parts)
+        for p in (root / "millstream").rglob("__init__.py")
+    }
+    found = {name.rstrip(".") for name in found}
+    assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"

@@ -1,0 +1,401 @@
+"""What every scenario uses: the run's context, pipeline processes, memory sampling, readers.
+
+A pipeline under test always runs as a subprocess in its own session (Spark driver, JVM and
+Python workers, or a Quix Streams app), so that its memory can be summed over its process tree
+and all of it stopped by process group, as the demo does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from millstream.bench._workload import PARTITIONS
+from millstream.state.keys import app_key
+
+QUIX_VERSION = "3.28.1"
+
+
+@dataclass
+class Bench:
+    """One `millstream bench` run: where things are and how big to make them."""
+
+    output: Path
+    workdir: Path
+    redis_url: str
+    bootstrap: str
+    quick: bool
+    events: int
+    rates: list[float]
+    rate_seconds: float
+    results: dict[str, Any] = field(default_factory=dict)
+    warmup: tuple[str, int] | None = None  # (topic, events) every millstream series counts first
+
+    @property
+    def kafka(self) -> dict[str, str]:
+        return {"bootstrap.servers": self.bootstrap}
+
+    def redis(self) -> Any:
+        from millstream.state.client import connect
+
+        return connect(self.redis_url)
+
+    def run_dir(self, name: str) -> Path:
+        folder = self.workdir / f"{name}-{uuid.uuid4().hex[:6]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def pipeline_env(
+        self, app: str, folder: Path, *, master: str = "local[2]", max_batch: int = 200_000
+    ) -> dict[str, str]:
+        """Environment of a millstream (or plain Spark) pipeline process."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("MILLSTREAM_") or k.startswith("MILLSTREAM_KAFKA_")
+        }
+        env.update(
+            {
+                "REDIS_URL": self.redis_url,
+                "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+                "MILLSTREAM_APP": app,
+                "MILLSTREAM_EMBEDDED": "never",
+                "MILLSTREAM_STATE_DIR": str(folder),
+                "MILLSTREAM_CHECKPOINT_DIR": str(folder / "checkpoints"),
+                "MILLSTREAM_SPARK_MASTER": master,
+                "MILLSTREAM_TRIGGER_MS": "200",
+                "MILLSTREAM_MAX_RECORDS_PER_BATCH": str(max_batch),
+                "MILLSTREAM_LOG_LEVEL": "WARNING",
+                # A loaded machine makes Spark's Python workers miss their connect-back
+                # timeout now and then; the query restarts from its checkpoint (counted in
+                # each result as `query_restarts`) instead of ending the run.
+                "MILLSTREAM_QUERY_RESTARTS": "20",
+                "PYSPARK_PYTHON": sys.executable,
+                "PYSPARK_DRIVER_PYTHON": sys.executable,
+                "SPARK_LOCAL_IP": "127.0.0.1",
+            }
+        )
+        return env
+
+
+# ---------------------------------------------------------------- processes and memory
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw.rsplit(")", 1)[1].split()
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory summed over `root`'s session and every descendant of `root`."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    parents: dict[int, int] = {}
+    sessions: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        if fields is None or fields[0] == "Z":
+            continue
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        sessions[pid] = int(fields[3])
+        rss[pid] = int(fields[21]) * page
+    members = {pid for pid, sid in sessions.items() if sid == root}
+    members.add(root)
+    grew = True
+    while grew:
+        extra = {pid for pid, parent in parents.items() if parent in members} - members
+        members |= extra
+        grew = bool(extra)
+    return sum(rss.get(pid, 0) for pid in members)
+
+
+class RssSampler(threading.Thread):
+    """Peak of `tree_rss_bytes(pid)`, sampled twice a second."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(name=f"rss-{pid}", daemon=True)
+        self.pid = pid
+        self.peak = 0
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            with contextlib.suppress(Exception):
+                self.peak = max(self.peak, tree_rss_bytes(self.pid))
+            self._halt.wait(0.5)
+
+
+class Process:
+    """A pipeline subprocess in its own session, its log in a file, its memory sampled."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], log_path: Path) -> None:
+        self.argv = list(argv)
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sampler: RssSampler | None = None
+        self.started = 0.0
+
+    def __enter__(self) -> Process:
+        log = self.log_path.open("ab")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        self.sampler = RssSampler(self.proc.pid)
+        self.sampler.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def peak_rss_mb(self) -> float:
+        return round((self.sampler.peak if self.sampler else 0) / 2**20, 1)
+
+    @property
+    def restarts(self) -> int:
+        """Query restarts the pipeline logged (`failed (restart n of m)`)."""
+        try:
+            return self.log_path.read_text(errors="replace").count("failed (restart")
+        except OSError:
+            return 0
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the JVM may outlive the driver
+
+    def wait_for(self, what: str, condition: Callable[[], bool], timeout: float) -> float:
+        """Poll `condition` every 0.1 s; returns the monotonic time it became true."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return time.monotonic()
+            if not self.alive():
+                raise RuntimeError(
+                    f"{self.argv[-1]} exited while waiting for {what}; log {self.log_path}:\n"
+                    + self.tail()
+                )
+            time.sleep(0.1)
+        raise TimeoutError(
+            f"timed out after {timeout:.0f}s waiting for {what}; log {self.log_path}:\n"
+            + self.tail()
+        )
+
+
+def millstream_pipeline(bench: Bench, config: dict[str, Any], folder: Path, **env: Any) -> Process:
+    path = folder / "config.json"
+    path.write_text(json.dumps(config, indent=2))
+    return Process(
+        [sys.executable, "-m", "millstream.bench._worker", str(path)],
+        bench.pipeline_env(str(config["app"]), folder, **env),
+        folder / "pipeline.log",
+    )
+
+
+def metric(client: Any, app: str, computation: str, name: str) -> int:
+    return int(client.hget(app_key(app, "metrics", computation), name) or 0)
+
+
+# ---------------------------------------------------------------- Quix Streams
+
+
+def quix_python(bench: Bench) -> Path:
+    """The Quix virtualenv's python, created (`python -m venv` + pip) on first use."""
+    venv = Path(".millstream/bench/quix-venv").resolve()
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", "import quixstreams; print(quixstreams.__version__)"]
+    if python.exists():
+        found = subprocess.run(probe, capture_output=True, text=True, check=False)
+        if found.returncode == 0 and found.stdout.strip() == QUIX_VERSION:
+            return python
+    print(f"bench: installing quixstreams=={QUIX_VERSION} into {venv}", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", f"quixstreams=={QUIX_VERSION}"], check=True
+    )
+    return python
+
+
+def quix_pipeline(
+    bench: Bench, folder: Path, input_topic: str, output_topic: str, commit_interval: float
+) -> tuple[Process, Path]:
+    """The Quix app process and the file where it reports how many messages it processed."""
+    progress = folder / "progress.json"
+    config = {
+        "bootstrap": bench.bootstrap,
+        "input_topic": input_topic,
+        "output_topic": output_topic,
+        "group": f"quix-{folder.name}",
+        "state_dir": str(folder / "state"),
+        "commit_interval": commit_interval,
+        "progress_file": str(progress),
+    }
+    path = folder / "quix.json"
+    path.write_text(json.dumps(config, indent=2))
+    script = Path(__file__).with_name("quix_app.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    process = Process([str(quix_python(bench)), str(script), str(path)], env, folder / "quix.log")
+    return process, progress
+
+
+def quix_processed(progress: Path) -> int:
+    try:
+        return int(json.loads(progress.read_text())["processed"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str) -> int:
+    """Sum over partitions of `group`'s committed offsets on `topic`."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        parts = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], 10)
+        return sum(max(0, tp.offset) for tp in parts)
+    finally:
+        consumer.close()
+
+
+# ---------------------------------------------------------------- output check
+
+
+def committed_count(bootstrap: str, topic: str) -> int:
+    """Records a read_committed consumer sees, computed by the marker-aware reader."""
+    from millstream.testing.committed_reader import read_committed
+
+    return len(read_committed(bootstrap, topic, timeout=30))
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"n": 0, "p50": None, "p95": None, "p99": None, "max": None}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+
+    return {
+        "n": len(ordered),
+        "p50": at(0.50),
+        "p95": at(0.95),
+        "p99": at(0.99),
+        "max": round(ordered[-1], 4),
+    }
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    for raw, row in zip(rows, cells, strict=True):
+        lines.append(
+            "  ".join(
+                c.ljust(w) if isinstance(v, str) else c.rjust(w)
+                for v, c, w in zip(raw, row, widths, strict=True)
+            ).rstrip()
+        )
+    text = "\n".join(lines)
+    print(text + "\n", flush=True)
+    return text
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str))
+
+
+def say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def plain_pipeline(
+    bench: Bench,
+    folder: Path,
+    mode: str,
+    input_topic: str,
+    warmup_topic: str | None = None,
+    **env: Any,
+) -> tuple[Process, str]:
+    """A plain Spark baseline process (`plain_spark.py`) and its Redis key prefix."""
+    prefix = f"plain:{folder.name}"
+    config = {
+        "mode": mode,
+        "bootstrap": bench.bootstrap,
+        "redis_url": bench.redis_url,
+        "input_topic": input_topic,
+        "prefix": prefix,
+        "checkpoint": str(folder / "checkpoint"),
+        "latency_file": str(folder / "latency.txt"),
+        "warmup_topic": warmup_topic,
+    }
+    path = folder / "plain.json"
+    path.write_text(json.dumps(config, indent=2))
+    process = Process(
+        [sys.executable, "-m", "millstream.bench.plain_spark", str(path)],
+        bench.pipeline_env(f"plain-{folder.name}", folder, **env),
+        folder / "plain.log",
+    )
+    return process, prefix
+
+
+def redis_int(client: Any, key: str) -> int:
+    return int(client.get(key) or 0)

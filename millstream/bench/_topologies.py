@@ -1,0 +1,75 @@
+"""The pipelines the benchmark runs, built from a JSON config in a pipeline subprocess.
+
+Parts: `window` (the demo's 1-second WindowCounter into a transactional Kafka sink) and
+`passthrough` (one output per input, no window, into a transactional Kafka sink), several of
+them reading the same input; or `three_stage` (WindowCounter -> ModelCalculator ->
+SpikeDetector, for watermark lag).
+The computations live in an importable module so Spark's Python workers load them by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from millstream import Computation, Context, Record, Topology, json_field, kafka_source
+from millstream.demo.pipeline import ModelCalculator, SpikeDetector, WindowCounter
+
+THREE_STAGES = ("window_counter", "model_calculator", "spike_detector")
+
+
+class PassThrough(Computation):
+    """One production per input record, value unchanged (it carries the send time)."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce(self.stream, ctx.key, record.value, record.timestamp)
+
+
+def build(config: dict[str, Any]) -> Topology:
+    """`config["parts"]`: computations reading the input stream, each with its output topic.
+
+    A part is `{"name", "what": "window" | "passthrough", "exactly_once", "output_topic"}`;
+    `config["kind"] == "three_stage"` builds the watermark pipeline instead.
+    """
+    from millstream.sinks.kafka_transactional import KafkaTransactionalSink
+
+    kafka = {"bootstrap.servers": str(config["bootstrap"])}
+    shards = int(config["shards"])
+    topology = Topology(str(config["app"]))
+    topology.source(
+        "queries",
+        kafka_source(str(config["input_topic"]), id_header="event-id"),
+        max_out_of_order_ms=int(config.get("max_out_of_order_ms", 0)),
+    )
+    by_query = json_field("q")
+    if config.get("kind") == "three_stage":
+        stages: list[tuple[str, Computation, Any, str]] = [
+            ("window_counter", WindowCounter(), {"queries": by_query}, "window_counts"),
+            ("model_calculator", ModelCalculator(), ["window_counts"], "model_updates"),
+            ("spike_detector", SpikeDetector(), ["model_updates"], "anomalies"),
+        ]
+        for name, stage, inputs, output in stages:
+            topology.computation(name, stage, inputs=inputs, outputs=[output], shards=shards)
+        topology.sink("anomalies", KafkaTransactionalSink(kafka, str(config["output_topic"])))
+        return topology
+    for part in config["parts"]:
+        name = str(part["name"])
+        computation: Computation
+        if part["what"] == "passthrough":
+            stream = f"{name}_out"
+            computation = PassThrough(stream)
+        else:
+            stream = "window_counts"  # the stream WindowCounter produces
+            computation = WindowCounter()
+        topology.computation(
+            name,
+            computation,
+            inputs={"queries": by_query},
+            outputs=[stream],
+            shards=shards,
+            exactly_once=bool(part["exactly_once"]),
+        )
+        topology.sink(stream, KafkaTransactionalSink(kafka, str(part["output_topic"])))
+    return topology

@@ -1,0 +1,90 @@
+"""A benchmark pipeline process: `python -m millstream.bench._worker CONFIG.json`.
+
+Runs in its own process group (driver, JVM, Python workers) so the benchmark can sample the
+whole tree's memory and stop all of it. Like `millstream.run`, but the computations' queries
+start one after the other, each once the previous one has committed its first batch: on a
+loaded 2-core machine, several queries spawning their Python planner workers at the same
+moment can miss Spark's fixed connect-back timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from millstream.bench._topologies import build
+from millstream.connectors.app import Application, endpoints, spark_session
+from millstream.settings import Settings
+from millstream.state.client import connect
+from millstream.state.keys import app_key
+
+FIRST_BATCH_TIMEOUT_S = 300.0
+
+
+def _start_staggered(app: Application, client: Any, stop: threading.Event) -> None:
+    for name in app.topology.computations:
+        app.start([name])
+        key = app_key(app.topology.app, "metrics", name)
+        deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            app.check()
+            if int(client.hget(key, "batches") or 0) > 0:
+                break
+            stop.wait(0.2)
+
+
+def _counted(app: Application, client: Any, events: int) -> bool:
+    return all(
+        int(client.hget(app_key(app.topology.app, "metrics", name), "records") or 0) >= events
+        for name in app.topology.computations
+    )
+
+
+def main(argv: list[str]) -> int:
+    """CONFIG is one topology config, or `{"runs": [config, ...], "events": N}`: topologies run
+    one after the other in the same Spark session, each until every computation counted N
+    (or the run's own `events`); the last one runs until SIGTERM."""
+    config = json.loads(Path(argv[1]).read_text())
+    runs = config.get("runs", [config])
+    settings = Settings.from_env()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    stop = threading.Event()
+
+    def _signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _signal)
+    with endpoints(settings) as ends:
+        client = connect(ends.redis_url)
+        spark = None
+        for index, run_config in enumerate(runs):
+            app = Application(build(run_config), settings, ends, spark=None)
+            app.prepare()
+            if spark is None:
+                spark = spark_session(settings, f"millstream.{app.topology.app}")
+            app.spark = spark
+            last = index == len(runs) - 1
+            try:
+                _start_staggered(app, client, stop)
+                while not stop.is_set():
+                    app.check()
+                    events = int(run_config.get("events", config.get("events", 0)))
+                    if not last and _counted(app, client, events):
+                        break
+                    stop.wait(0.5 if not last else 1.0)
+            finally:
+                app.stop()
+            if stop.is_set():
+                break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,203 @@
+"""`millstream bench`: run the benchmark scenarios, print their tables, write JSON and PNGs.
+
+Every scenario shares one embedded Redis and one embedded broker (or REDIS_URL /
+KAFKA_BOOTSTRAP_SERVERS when set) and writes `<scenario>.json` (plus PNGs) into `--output`;
+the run writes `machine.json` (hardware, versions, the exact command line) and `summary.json`.
+Pipelines run as subprocesses; their logs stay under `.millstream/bench/runs/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from millstream.bench._harness import Bench, say, write_json
+
+SCENARIOS = ("throughput", "latency", "watermarks", "dedup", "scaling")
+NOTES = """
+How to read these figures (the module docstrings in `millstream/bench/` say exactly what is
+measured):
+
+- Compare ratios within one run, not absolute numbers across runs: the load average above is
+  the machine's, other work included, and on a shared 2-core machine it moves every figure.
+- Throughput counts from each system's first progress to all N events committed, start-up
+  excluded (shown apart). millstream runs after a warm-up application in the same Spark
+  session; the plain Spark baseline also counts a warm-up topic first. Quix Streams commits
+  every 1 s in the throughput runs and every 0.2 s (millstream's trigger) in the latency runs.
+- Record latency: produce -> visible to a `read_committed` consumer (computed live from the
+  raw log and its transaction markers). The exactly-once and `exactly_once=False`
+  pass-throughs run as two queries of one pipeline process, side by side on the same input;
+  the window counter runs alone in another.
+- millstream closes a window when the low watermark passes its end; a caught-up Kafka partition
+  is idle and its watermark is now - `MILLSTREAM_IDLE_SLACK_MS` (2 s), which bounds window
+  latency from below. Quix closes a key's window when a later record reaches the partition.
+- The embedded broker (Tansu) answers a waiting Fetch on a ~250 ms tick (INFRA.md): a floor
+  under every latency measured here, for every system.
+- Peak RSS is summed over the pipeline's process tree (driver, JVM, Python workers), sampled
+  twice a second; `restarts` counts Spark queries restarted from their checkpoint after a
+  transient failure (on a loaded machine, Python workers missing Spark's connect-back timeout).
+"""
+DEFAULT_OUTPUT = Path("benchmarks/results/latest")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated, from {', '.join(SCENARIOS)} (default: all)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes for a CI smoke run (20k events, 1 rate)"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=DEFAULT_OUTPUT, help=f"results folder ({DEFAULT_OUTPUT})"
+    )
+    parser.add_argument(
+        "--events", type=int, help="pre-loaded events for throughput and scaling (200000)"
+    )
+    parser.add_argument("--rates", help="comma-separated input rates in events/s (1000,5000)")
+    parser.add_argument(
+        "--seconds", type=float, help="seconds of traffic per latency rate (30; quick 15)"
+    )
+
+
+def _bench_from(args: argparse.Namespace, redis_url: str, bootstrap: str, workdir: Path) -> Bench:
+    rates = (
+        [float(r) for r in args.rates.split(",") if r.strip()]
+        if args.rates
+        else ([1000.0] if args.quick else [1000.0, 5000.0])
+    )
+    events = args.events or (20_000 if args.quick else 200_000)
+    seconds = args.seconds or (15.0 if args.quick else 30.0)
+    if events < 1000 or not rates or any(not 0 < r <= 50_000 for r in rates) or seconds < 5:
+        raise ValueError("--events must be >= 1000, --rates in (0, 50000], --seconds >= 5")
+    return Bench(
+        output=args.output,
+        workdir=workdir,
+        redis_url=redis_url,
+        bootstrap=bootstrap,
+        quick=args.quick,
+        events=events,
+        rates=rates,
+        rate_seconds=seconds,
+    )
+
+
+def report(output: Path, machine: dict[str, Any], summary: dict[str, Any], images: str = "") -> str:
+    """The run's tables in one markdown page, with the command and the machine.
+
+    `images`: prefix of the PNG links (the page may live beside the results folder).
+    """
+    lines = [
+        "# millstream bench results",
+        "",
+        f"Command: `{machine['command']}`{' (quick sizes)' if summary['quick'] else ''}, "
+        f"started {machine.get('started_utc', '?')}. Every figure below comes from that run; "
+        f"the JSON files beside the PNGs hold every measured value.",
+        "",
+        f"Machine: {machine['cores']} cores ({machine['cpu_model']}), {machine['ram_gib']} GiB RAM; "
+        f"Python {machine['python']}, Java {machine['java']}, Spark {machine['spark']}, "
+        f"Redis {machine['redis']}, broker {machine['kafka_broker']}, "
+        f"Quix Streams {machine['quixstreams']}. Load average at start "
+        f"{', '.join(f'{x:.1f}' for x in machine['load_average_at_start'])}, at end "
+        f"{', '.join(f'{x:.1f}' for x in machine.get('load_average_at_end', []))}; "
+        f"total {machine.get('total_seconds')} s.",
+        "",
+    ]
+    lines += [line for line in NOTES.strip().splitlines()] + [""]
+    for name, entry in summary["scenarios"].items():
+        lines.append(f"## {name} ({entry['seconds']} s)")
+        lines.append("")
+        if not entry["ok"]:
+            lines += [f"Failed: `{entry['error']}`", ""]
+            continue
+        data = json.loads((output / entry["json"]).read_text())
+        lines += ["```", data.get("table", "").rstrip(), "```"]
+        if data.get("ratios"):
+            lines.append("")
+            lines.append("Ratios: " + ", ".join(f"{k} = {v}" for k, v in data["ratios"].items()))
+        for plot in entry.get("plots", []):
+            lines += ["", f"![{name}]({images}{Path(plot).name})"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _write_reports(
+    output: Path, machine: dict[str, Any], summary: dict[str, Any], *, final: bool
+) -> None:
+    """`README.md` in the results folder (rewritten after each scenario, so an interrupted run
+    keeps what it measured) and, for a full run into the default folder, `../README.md`."""
+    (output / "README.md").write_text(report(output, machine, summary))
+    if final and output == DEFAULT_OUTPUT and not summary["quick"]:
+        page = report(output, machine, summary, images=f"{output.name}/")
+        (output.parent / "README.md").write_text(page)
+
+
+def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    from millstream.bench.machine import describe
+    from millstream.embedded import embedded_services
+    from millstream.settings import Settings
+
+    chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SCENARIOS]
+    if unknown or not chosen:
+        print(f"millstream bench: unknown scenario {unknown}; use {SCENARIOS}", file=sys.stderr)
+        return 2
+    settings = Settings.from_env()
+    state = Path(settings.state_dir).resolve() / "bench"
+    workdir = state / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    workdir.mkdir(parents=True, exist_ok=True)
+    args.output.mkdir(parents=True, exist_ok=True)
+    with embedded_services(settings, state / "embedded") as (redis_url, bootstrap):
+        try:
+            bench = _bench_from(args, redis_url, bootstrap, workdir)
+        except ValueError as exc:
+            print(f"millstream bench: {exc}", file=sys.stderr)
+            return 2
+        machine = describe(redis_url, bootstrap, argv if argv is not None else sys.argv[1:])
+        machine["started_utc"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        write_json(args.output / "machine.json", machine)
+        summary: dict[str, Any] = {
+            "command": machine["command"],
+            "quick": bench.quick,
+            "events": bench.events,
+            "rates": bench.rates,
+            "seconds_per_rate": bench.rate_seconds,
+            "scenarios": {},
+        }
+        started = time.monotonic()
+        failed = []
+        for name in chosen:
+            say(f"--- scenario {name} ---")
+            began = time.monotonic()
+            module = importlib.import_module(f"millstream.bench.{name}")
+            try:
+                result = module.run(bench)
+                bench.results[name] = result
+                entry = {"ok": True, "json": f"{name}.json", "plots": result.get("plots", [])}
+            except Exception as exc:
+                failed.append(name)
+                traceback.print_exc()
+                entry = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            entry["seconds"] = round(time.monotonic() - began, 1)
+            summary["scenarios"][name] = entry
+            write_json(args.output / "summary.json", summary)
+            _write_reports(args.output, machine, summary, final=False)
+        machine["load_average_at_end"] = list(os.getloadavg())
+        machine["quixstreams"] = describe(redis_url, bootstrap, [])["quixstreams"]
+        machine["total_seconds"] = round(time.monotonic() - started, 1)
+        write_json(args.output / "machine.json", machine)
+        _write_reports(args.output, machine, summary, final=True)
+    print(json.dumps({k: v for k, v in summary["scenarios"].items()}, indent=2))
+    if failed:
+        print(f"millstream bench: failed scenarios: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    print(f"millstream bench: results in {args.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,428 @@
+"""Scenario 2, latency at fixed input rates (each rate played for a while, one after another).
+
+- Record latency: a pass-through computation (one output per input, no window) delivering
+  through the transactional Kafka sink; time from produce (the send time rides in the value)
+  to the record being visible to a `read_committed` consumer, as computed live from the raw
+  log and its transaction markers (`_marker_watch.py`; Tansu's own read_committed view can
+  stall, see there). Exactly-once on and off run as two computations of one millstream
+  pipeline, side by side on the same input, so both see the same machine load.
+- Spark's micro-batch floor: a plain Spark query on the same data source and trigger whose
+  `foreachBatch` only notes when each record arrives (`plain_spark.py floor`).
+- Window latency: window end -> its count visible to a `read_committed` consumer, for the
+  millstream WindowCounter (alone in its own pipeline process) and for Quix Streams
+  (`quix_app.py`, exactly-once, commit interval = millstream's 200 ms trigger).
+
+The first `WARMUP_MS` of every rate phase is left out, and so is each phase's last full
+window (it closes only when the next phase's data arrives, for Quix).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from millstream.bench._harness import (
+    Bench,
+    Process,
+    committed_count,
+    metric,
+    millstream_pipeline,
+    percentiles,
+    plain_pipeline,
+    print_table,
+    quix_pipeline,
+    quix_processed,
+    redis_int,
+    say,
+    write_json,
+)
+from millstream.bench._marker_watch import MarkerAwareWatcher
+from millstream.bench._workload import WINDOW_MS, RateProducer, new_topic
+from millstream.state.watermarks import WatermarkAuthority
+
+NAME = "latency"
+WARMUP_MS = 2000
+PAUSE_S = 3.0
+DRAIN_S = 150.0
+PARTS = ("passthrough_eo", "passthrough_no_eo", "window_counter")
+
+
+@dataclass(frozen=True)
+class Phase:
+    rate: float
+    start_ms: int
+    end_ms: int
+    sent: int
+
+    def holds_send(self, sent_ms: int) -> bool:
+        return self.start_ms + WARMUP_MS <= sent_ms <= self.end_ms
+
+    def holds_window(self, window: int) -> bool:
+        return self.start_ms + WARMUP_MS <= window and window + 2 * WINDOW_MS <= self.end_ms
+
+
+def play(bench: Bench, topic: str, process: Process) -> list[Phase]:
+    """Each rate for `bench.rate_seconds`, then a pause so the phases do not overlap."""
+    phases = []
+    for rate in bench.rates:
+        say(f"{NAME}: {rate:.0f} events/s for {bench.rate_seconds:.0f}s into {topic}")
+        producer = RateProducer(bench.kafka, topic, rate, bench.rate_seconds)
+        producer.start()
+        while producer.is_alive():
+            if not process.alive():
+                producer.stop()
+                raise RuntimeError(f"pipeline exited; log {process.log_path}:\n{process.tail()}")
+            producer.join(0.5)
+        if producer.error is not None:
+            raise RuntimeError(f"rate producer failed: {producer.error}")
+        phases.append(Phase(rate, producer.started_ms, int(time.time() * 1000), producer.sent))
+        time.sleep(PAUSE_S)
+    return phases
+
+
+def _phase_of(phases: list[Phase], test: str, value: int) -> Phase | None:
+    for phase in phases:
+        if getattr(phase, test)(value):
+            return phase
+    return None
+
+
+class RecordLatency:
+    """Collects produce -> visible latencies from values carrying their send time."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[int, int]] = []  # (sent ms, latency ms)
+
+    def __call__(self, seen: int, key: bytes | None, value: bytes) -> None:
+        sent = int(json.loads(value)["sent"])
+        self.samples.append((sent, seen - sent))
+
+
+class WindowLatency:
+    """First time each (query, window) count is visible, minus the window's end."""
+
+    def __init__(self) -> None:
+        self.first_seen: dict[tuple[str, int], int] = {}
+
+    def __call__(self, seen: int, key: bytes | None, value: bytes) -> None:
+        item = json.loads(value)
+        self.first_seen.setdefault((str(item["q"]), int(item["w"])), seen)
+
+    def samples(self) -> list[tuple[int, int]]:
+        return [(w, seen - (w + WINDOW_MS)) for (_, w), seen in self.first_seen.items()]
+
+
+def _summary(phases: list[Phase], samples: list[tuple[int, int]], test: str) -> dict[str, Any]:
+    by_rate: dict[str, list[float]] = {f"{p.rate:.0f}": [] for p in phases}
+    for at, latency in samples:
+        phase = _phase_of(phases, test, at)
+        if phase is not None:
+            by_rate[f"{phase.rate:.0f}"].append(latency / 1000)
+    return {rate: percentiles(values) for rate, values in by_rate.items()}
+
+
+def _warm_up(bench: Bench, topic: str, ready: Any, process: Process, what: str) -> int:
+    """A few records through the pipeline, so start-up is not measured as latency.
+
+    `ready(n)` tells whether the pipeline has handled the `n` records sent; returns `n`.
+    """
+    producer = RateProducer(bench.kafka, topic, 50, 1.0, seed=3)
+    producer.start()
+    producer.join()
+    sent = producer.sent
+    process.wait_for(what, lambda: ready(sent), timeout=900)
+    time.sleep(PAUSE_S)
+    return sent
+
+
+def _drain(process: Process, what: str, condition: Any) -> bool:
+    """Wait up to DRAIN_S for the pipeline to catch up; a pipeline that cannot keep up with the
+    rate is reported (`drained: false`, fewer samples), not failed."""
+    try:
+        process.wait_for(what, condition, timeout=DRAIN_S)
+        return True
+    except TimeoutError:
+        say(f"{NAME}: not caught up {DRAIN_S:.0f}s after the traffic ended ({what})")
+        return False
+
+
+def _pipeline(
+    bench: Bench, parts: list[tuple[str, str, bool]], watch: dict[str, Any]
+) -> dict[str, Any]:
+    """One millstream pipeline process: `parts` (name, what, exactly_once) on one input topic,
+    each part's output watched by `watch[name]`; warm-up, the rate phases, drain."""
+    app = f"bl-{uuid.uuid4().hex[:8]}"
+    folder = bench.run_dir(f"{NAME}-millstream")
+    topic = new_topic(bench.kafka, f"{app}-in")
+    outs = {name: new_topic(bench.kafka, f"{app}-{name}") for name, _, _ in parts}
+    config = {
+        "app": app,
+        "bootstrap": bench.bootstrap,
+        "input_topic": topic,
+        "shards": 8,
+        "parts": [
+            {"name": name, "what": what, "exactly_once": eo, "output_topic": outs[name]}
+            for name, what, eo in parts
+        ],
+    }
+    names = [name for name, _, _ in parts]
+    passthrough = [name for name, what, _ in parts if what == "passthrough"]
+    client = bench.redis()
+    say(f"{NAME}: millstream pipeline ({', '.join(names)})")
+    with millstream_pipeline(bench, config, folder) as process:
+        watchers = {n: MarkerAwareWatcher(bench.bootstrap, outs[n], watch[n]) for n in names}
+        for watcher in watchers.values():
+            watcher.start()
+        warm = _warm_up(
+            bench,
+            topic,
+            lambda n: all(metric(client, app, p, "records") >= n for p in names),
+            process,
+            "the pipeline's first records",
+        )
+        phases = play(bench, topic, process)
+        total = warm + sum(p.sent for p in phases)
+        drained = _drain(
+            process,
+            "every output delivered and every record counted",
+            lambda: (
+                all(watchers[p].count >= total for p in passthrough)
+                and all(metric(client, app, p, "records") >= total for p in names)
+            ),
+        )
+        if any(what == "window" for _, what, _ in parts):
+            # Every window of the phases is closed once the low watermark passes their end.
+            authority = WatermarkAuthority(client, app)
+            drained = drained and _drain(
+                process,
+                "the window counter's low watermark to pass the last phase",
+                lambda: all(
+                    (mark := authority.published(p)) is not None and mark.event >= phases[-1].end_ms
+                    for p in names
+                ),
+            )
+        time.sleep(2 * PAUSE_S)  # let the last transactions commit and the watchers see them
+        for watcher in watchers.values():
+            watcher.stop()
+        peak = process.peak_rss_mb
+        restarts = process.restarts
+    return {
+        "app": app,
+        "phases": [p.__dict__ for p in phases],
+        "peak_rss_mb": peak,
+        "query_restarts": restarts,
+        "drained": drained,
+        "sent": total,
+        "counted": {p: metric(client, app, p, "records") for p in names},
+        "duplicates_dropped": {p: metric(client, app, p, "duplicates") for p in names},
+        "seen": {p: watchers[p].count for p in passthrough},
+        # Cross-check with the marker-aware reader (what Apache Kafka's read_committed serves).
+        "committed_reader_count": {
+            p: committed_count(bench.bootstrap, outs[p]) for p in passthrough
+        },
+    }
+
+
+def run_millstream(bench: Bench) -> dict[str, Any]:
+    """Pass-through with exactly-once on and off side by side in one process; the window
+    counter alone in another (as Quix runs alone)."""
+    collectors = {PARTS[0]: RecordLatency(), PARTS[1]: RecordLatency()}
+    records = _pipeline(
+        bench,
+        [(PARTS[0], "passthrough", True), (PARTS[1], "passthrough", False)],
+        dict(collectors),
+    )
+    windows = WindowLatency()
+    window = _pipeline(bench, [(PARTS[2], "window", True)], {PARTS[2]: windows})
+    phases = [Phase(**p) for p in records["phases"]]
+    window_phases = [Phase(**p) for p in window["phases"]]
+    return {
+        "phases": records["phases"],
+        "window_phases": window["phases"],
+        "record_eo": _summary(phases, collectors[PARTS[0]].samples, "holds_send"),
+        "record_no_eo": _summary(phases, collectors[PARTS[1]].samples, "holds_send"),
+        "window": _summary(window_phases, windows.samples(), "holds_window"),
+        "raw_record": {p: collectors[p].samples for p in PARTS[:2]},
+        "raw_window": windows.samples(),
+        "records_pipeline": records,
+        "window_pipeline": window,
+        "peak_rss_mb": records["peak_rss_mb"],
+        "window_peak_rss_mb": window["peak_rss_mb"],
+        "query_restarts": records["query_restarts"] + window["query_restarts"],
+        "drained": records["drained"] and window["drained"],
+        "sent": records["sent"],
+        "committed_reader_count": records["committed_reader_count"],
+    }
+
+
+def run_floor(bench: Bench) -> dict[str, Any]:
+    folder = bench.run_dir(f"{NAME}-floor")
+    topic = new_topic(bench.kafka, "bench-floor")
+    say(f"{NAME}: Spark micro-batch floor (plain foreachBatch, same source and trigger)")
+    process, prefix = plain_pipeline(bench, folder, "floor", topic)
+    client = bench.redis()
+    with process:
+        warm = _warm_up(
+            bench,
+            topic,
+            lambda n: redis_int(client, f"{prefix}:records") >= n,
+            process,
+            "the floor query's first records",
+        )
+        phases = play(bench, topic, process)
+        total = warm + sum(p.sent for p in phases)
+        drained = _drain(
+            process,
+            "every record in foreachBatch",
+            lambda: redis_int(client, f"{prefix}:records") >= total,
+        )
+        peak = process.peak_rss_mb
+        restarts = process.restarts
+    samples = []
+    for line in (folder / "latency.txt").read_text().splitlines():
+        sent, latency = line.split()
+        samples.append((int(sent), int(latency)))
+    return {
+        "phases": [p.__dict__ for p in phases],
+        "record": _summary(phases, samples, "holds_send"),
+        "raw": samples,
+        "drained": drained,
+        "peak_rss_mb": peak,
+        "query_restarts": restarts,
+    }
+
+
+def run_quix(bench: Bench) -> dict[str, Any]:
+    folder = bench.run_dir(f"{NAME}-quix")
+    topic = new_topic(bench.kafka, "bench-quix-in")
+    out = new_topic(bench.kafka, "bench-quix-out")
+    say(f"{NAME}: Quix Streams window count, exactly-once, commit interval 0.2 s")
+    process, progress = quix_pipeline(bench, folder, topic, out, commit_interval=0.2)
+    windows = WindowLatency()
+    with process:
+        watcher = MarkerAwareWatcher(bench.bootstrap, out, windows)
+        watcher.start()
+        warm = _warm_up(
+            bench, topic, lambda n: quix_processed(progress) >= n, process, "Quix's first records"
+        )
+        phases = play(bench, topic, process)
+        total = warm + sum(p.sent for p in phases)
+        drained = _drain(
+            process, "Quix to process everything", lambda: quix_processed(progress) >= total
+        )
+        time.sleep(2 * PAUSE_S)
+        watcher.stop()
+        peak = process.peak_rss_mb
+        restarts = process.restarts
+    return {
+        "phases": [p.__dict__ for p in phases],
+        "window": _summary(phases, windows.samples(), "holds_window"),
+        "raw_window": windows.samples(),
+        "drained": drained,
+        "peak_rss_mb": peak,
+        "query_restarts": restarts,
+    }
+
+
+def plot(path: Path, curves: dict[str, list[float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, values in curves.items():
+        if not values:
+            continue
+        ordered = sorted(values)
+        ys = [(i + 1) / len(ordered) for i in range(len(ordered))]
+        style = "--" if label.startswith("window") else "-"
+        ax.plot(ordered, ys, style, label=label, linewidth=1.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (s, log scale)")
+    ax.set_ylabel("fraction of records / windows")
+    ax.set_title("Latency CDF: produce -> visible (records), window end -> visible (windows)")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(bench: Bench) -> dict[str, Any]:
+    mill = run_millstream(bench)
+    floor = run_floor(bench)
+    quix = run_quix(bench)
+    rows = []
+    for rate_key in [f"{r:.0f}" for r in bench.rates]:
+        for label, stats in (
+            ("record, millstream exactly-once", mill["record_eo"][rate_key]),
+            ("record, millstream exactly_once=False", mill["record_no_eo"][rate_key]),
+            ("record, Spark foreachBatch floor", floor["record"][rate_key]),
+            ("window end, millstream", mill["window"][rate_key]),
+            ("window end, Quix Streams", quix["window"][rate_key]),
+        ):
+            rows.append([rate_key, label, stats["n"], stats["p50"], stats["p95"], stats["p99"]])
+    table = print_table(
+        "latency (seconds) at fixed input rates; visible = read_committed consumer",
+        ["ev/s", "what", "n", "p50", "p95", "p99"],
+        rows,
+    )
+    memory = (
+        f"peak RSS: millstream pass-through pipeline {mill['peak_rss_mb']} MB (2 queries), "
+        f"millstream window counter {mill['window_peak_rss_mb']} MB, "
+        f"Spark floor {floor['peak_rss_mb']} MB, Quix {quix['peak_rss_mb']} MB; "
+        f"query restarts: millstream {mill['query_restarts']}, floor {floor['query_restarts']}"
+    )
+    seen = mill["committed_reader_count"]
+    memory += (
+        f"\nsent {mill['sent']} records; the marker-aware read_committed reader sees "
+        f"{seen[PARTS[0]]} (exactly-once) and {seen[PARTS[1]]} (exactly_once=False) outputs"
+        + ("" if mill["drained"] else "; the millstream pipeline had not caught up")
+    )
+    print(f"  {memory}\n", flush=True)
+    table += "\n" + memory
+    curves: dict[str, list[float]] = {}
+    for rate in bench.rates:
+        inside = Phase(**next(p for p in mill["phases"] if p["rate"] == rate))
+        for name, samples in (
+            ("millstream EO", mill["raw_record"][PARTS[0]]),
+            ("millstream no EO", mill["raw_record"][PARTS[1]]),
+        ):
+            curves[f"record, {name}, {rate:.0f}/s"] = [
+                lat / 1000 for sent, lat in samples if inside.holds_send(sent)
+            ]
+        floor_phase = Phase(**next(p for p in floor["phases"] if p["rate"] == rate))
+        curves[f"record, Spark floor, {rate:.0f}/s"] = [
+            lat / 1000 for sent, lat in floor["raw"] if floor_phase.holds_send(sent)
+        ]
+        for name, found, key in (("millstream", mill, "window_phases"), ("Quix", quix, "phases")):
+            window_phase = Phase(**next(p for p in found[key] if p["rate"] == rate))
+            curves[f"window end, {name}, {rate:.0f}/s"] = [
+                lat / 1000 for w, lat in found["raw_window"] if window_phase.holds_window(w)
+            ]
+    png = bench.output / "latency_cdf.png"
+    plot(png, curves)
+    for holder, raw in (
+        (mill, "raw_record"),
+        (mill, "raw_window"),
+        (floor, "raw"),
+        (quix, "raw_window"),
+    ):
+        holder.pop(raw)
+    result = {
+        "scenario": NAME,
+        "rates": bench.rates,
+        "seconds_per_rate": bench.rate_seconds,
+        "millstream": mill,
+        "spark_floor": floor,
+        "quix": quix,
+        "table": table,
+        "plots": [str(png)],
+    }
+    write_json(bench.output / f"{NAME}.json", result)
+    return result

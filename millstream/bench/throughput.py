@@ -1,0 +1,276 @@
+"""Scenario 1, throughput: a pre-loaded topic of N events counted in 1-second windows.
+
+The same topic on the same broker is read from the beginning by, one after the other:
+millstream with exactly-once on (dedup, strong productions, transactional sink), millstream
+with `exactly_once=False`, Quix Streams 3.28.1 with `processing_guarantee="exactly-once"`, and
+a plain Spark `foreachBatch` (one `SET NX` per record id, `HINCRBY` per window count).
+
+Throughput is measured from the first progress each system reports (millstream: the window
+counter's `records` metric in Redis becomes non-zero after its first committed batch; Quix:
+its first processed message; plain Spark: its first finished batch) until all N events are
+committed (millstream, plain Spark: the counter reaches N; Quix: its consumer group's committed
+offsets reach N). So start-up (JVM, Spark session, group join) is excluded, and reported apart.
+The millstream runs share one pipeline process (one Spark session), one after the other, each
+its own application reading the topic from the beginning, after a warm-up application has
+counted a small separate topic (JVM, Python workers and imports warm for every measured run);
+each run's start-up is counted from the end of the previous one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from millstream.bench._harness import (
+    Bench,
+    Process,
+    committed_offsets,
+    metric,
+    millstream_pipeline,
+    plain_pipeline,
+    print_table,
+    quix_pipeline,
+    quix_processed,
+    redis_int,
+    say,
+    write_json,
+)
+from millstream.bench._workload import new_topic, preload
+
+NAME = "throughput"
+
+
+def batch_cap(events: int) -> int:
+    """Records per micro-batch: about ten batches per run (admission control)."""
+    return max(2000, events // 10)
+
+
+def _follow(
+    process: Process, progress: Any, done: Any, events: int, timeout: float, since: float
+) -> dict[str, Any]:
+    """Sample `progress()` every 0.1 s; rate from the first progress until `done()`.
+
+    `since`: when this run began (process start, or the end of the previous run in it).
+    """
+    first_t: float | None = None
+    first_n = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not done after {timeout:.0f}s; log {process.log_path}")
+        if not process.alive():
+            raise RuntimeError(f"{process.log_path} process exited:\n{process.tail()}")
+        n = progress()
+        now = time.monotonic()
+        if first_t is None and n > 0:
+            first_t, first_n = now, n
+        if done():
+            break
+        time.sleep(0.1)
+    assert first_t is not None
+    steady_s = max(now - first_t, 1e-3)
+    return {
+        "events": events,
+        "startup_s": round(first_t - since, 2),
+        "first_progress_events": first_n,
+        "steady_s": round(steady_s, 2),
+        "events_per_s": round((events - first_n) / steady_s, 1) if events > first_n else None,
+        "wall_s": round(now - since, 2),
+        "events_per_s_incl_startup": round(events / (now - since), 1),
+    }
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    exactly_once: bool = True
+    shards: int = 8
+
+
+def run_millstream(
+    bench: Bench, topic: str, events: int, variants: list[Variant], master: str = "local[2]"
+) -> list[dict[str, Any]]:
+    """The window count over the whole topic, once per variant, one after the other in one
+    pipeline process (one Spark session: the JVM starts once); each variant is its own app."""
+    folder = bench.run_dir(f"{NAME}-{master}")
+
+    def window_count(source: str, variant: Variant, n: int) -> dict[str, Any]:
+        app = f"bt-{uuid.uuid4().hex[:8]}"
+        part = {
+            "name": "window_counter",
+            "what": "window",
+            "exactly_once": variant.exactly_once,
+            "output_topic": new_topic(bench.kafka, f"{app}-out"),
+        }
+        return {
+            "app": app,
+            "bootstrap": bench.bootstrap,
+            "input_topic": source,
+            "shards": variant.shards,
+            "parts": [part],
+            "events": n,
+        }
+
+    warm_events = 2 * batch_cap(events)
+    warm = window_count(warmup_topic(bench, warm_events), variants[0], warm_events)
+    configs = [window_count(topic, v, events) for v in variants]
+    client = bench.redis()
+    rows = []
+    series = {"app": warm["app"], "runs": [warm, *configs], "events": events}
+    with millstream_pipeline(
+        bench, series, folder, master=master, max_batch=batch_cap(events)
+    ) as process:
+        say(f"{master}: warming up (JVM, Python workers) on {warm_events} other events")
+        process.wait_for(
+            "the warm-up run",
+            lambda: metric(client, str(warm["app"]), "window_counter", "records") >= warm_events,
+            timeout=900,
+        )
+        since = time.monotonic()
+        for variant, config in zip(variants, configs, strict=True):
+            app = str(config["app"])
+            say(
+                f"{variant.label}: {events} events, exactly_once={variant.exactly_once}, "
+                f"{master}, {variant.shards} shards"
+            )
+            result = _follow(
+                process,
+                lambda app=app: metric(client, app, "window_counter", "records"),
+                lambda app=app: metric(client, app, "window_counter", "records") >= events,
+                events,
+                timeout=900,
+                since=since,
+            )
+            since = time.monotonic()
+            result.update(
+                system=variant.label,
+                exactly_once=variant.exactly_once,
+                master=master,
+                shards=variant.shards,
+                batches=metric(client, app, "window_counter", "batches"),
+                duplicates_dropped=metric(client, app, "window_counter", "duplicates"),
+                catalog_reads=metric(client, app, "window_counter", "catalog_reads"),
+                batch_cap=batch_cap(events),
+            )
+            rows.append(result)
+        for row in rows:  # one process ran them all
+            row["peak_rss_mb"] = process.peak_rss_mb
+            row["query_restarts"] = process.restarts
+    return rows
+
+
+def warmup_topic(bench: Bench, events: int) -> str:
+    """A small topic, loaded once per bench run, that each pipeline process counts first."""
+    if bench.warmup is None or bench.warmup[1] < events:
+        topic = new_topic(bench.kafka, "bench-warmup")
+        preload(bench.kafka, topic, events, seed=5)
+        bench.warmup = (topic, events)
+    return bench.warmup[0]
+
+
+def run_quix(bench: Bench, topic: str, events: int, commit_interval: float = 1.0) -> dict[str, Any]:
+    folder = bench.run_dir(f"{NAME}-quix")
+    out = new_topic(bench.kafka, f"quix-{folder.name}-out")
+    say(f"quix: {events} events, exactly-once, commit_interval={commit_interval}s")
+    process, progress = quix_pipeline(bench, folder, topic, out, commit_interval)
+    group = f"quix-{folder.name}"
+    with process:
+        result = _follow(
+            process,
+            lambda: quix_processed(progress),
+            lambda: committed_offsets(bench.bootstrap, group, topic) >= events,
+            events,
+            timeout=900,
+            since=process.started,
+        )
+        result["peak_rss_mb"] = process.peak_rss_mb
+        result["query_restarts"] = process.restarts
+    result.update(system="quix", exactly_once=True, commit_interval_s=commit_interval)
+    return result
+
+
+def run_plain(bench: Bench, topic: str, events: int) -> dict[str, Any]:
+    folder = bench.run_dir(f"{NAME}-plain")
+    say(f"plain spark: {events} events, SET NX per record")
+    warm = warmup_topic(bench, 2 * batch_cap(events))
+    process, prefix = plain_pipeline(
+        bench, folder, "count", topic, warmup_topic=warm, max_batch=batch_cap(events)
+    )
+    client = bench.redis()
+    with process:
+        result = _follow(
+            process,
+            lambda: redis_int(client, f"{prefix}:records"),
+            lambda: redis_int(client, f"{prefix}:records") >= events,
+            events,
+            timeout=900,
+            since=process.started,
+        )
+        result["peak_rss_mb"] = process.peak_rss_mb
+        result["query_restarts"] = process.restarts
+    result.update(
+        system="plain-spark",
+        exactly_once=False,
+        batches=redis_int(client, f"{prefix}:batches"),
+        batch_cap=batch_cap(events),
+    )
+    return result
+
+
+def run(bench: Bench) -> dict[str, Any]:
+    events = bench.events
+    topic = new_topic(bench.kafka, "bench-throughput")
+    say(f"{NAME}: pre-loading {events} events into {topic}")
+    load = preload(bench.kafka, topic, events)
+    rows = [
+        *run_millstream(
+            bench,
+            topic,
+            events,
+            [Variant("millstream-eo"), Variant("millstream-no-eo", exactly_once=False)],
+        ),
+        run_quix(bench, topic, events),
+        run_plain(bench, topic, events),
+    ]
+    by = {r["system"]: r for r in rows}
+    eo = by["millstream-eo"]["events_per_s"] or 0.0
+
+    def ratio(other: str) -> float | None:
+        theirs = by[other]["events_per_s"]
+        return round(eo / theirs, 3) if theirs else None
+
+    ratios = {
+        "millstream_eo/millstream_no_eo": ratio("millstream-no-eo"),
+        "millstream_eo/quix": ratio("quix"),
+        "millstream_eo/plain_spark": ratio("plain-spark"),
+    }
+    table = print_table(
+        f"throughput: {events:,} events, 1,000 Zipf keys, 4 partitions, 1 s tumbling count",
+        ["system", "exactly-once", "events/s", "startup s", "steady s", "peak RSS MB", "restarts"],
+        [
+            [
+                r["system"],
+                "yes" if r["exactly_once"] else "no",
+                r["events_per_s"],
+                r["startup_s"],
+                r["steady_s"],
+                r["peak_rss_mb"],
+                r["query_restarts"],
+            ]
+            for r in rows
+        ],
+    )
+    print("  ratios: " + ", ".join(f"{k} {v}" for k, v in ratios.items()) + "\n", flush=True)
+    result = {
+        "scenario": NAME,
+        "events": events,
+        "input_topic": topic,
+        "preload": load,
+        "runs": rows,
+        "ratios": ratios,
+        "table": table,
+    }
+    write_json(bench.output / f"{NAME}.json", result)
+    return result
