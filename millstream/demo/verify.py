@@ -121,13 +121,23 @@ def verify(
         counters.get("late", -1) == sent_late,
         f"pipeline counted {counters.get('late')} late, generator sent {sent_late}",
     )
-    sent_dup = plan.counters["duplicates"]
-    dropped = counters.get("duplicates", 0) + counters.get("remnants", 0)
+    sent_events, sent_dup = plan.counters["events"], plan.counters["duplicates"]
     verdict.add(
-        "duplicates dropped equal the duplicates sent",
-        dropped == sent_dup,
-        f"dropped {dropped} duplicates (plus {counters.get('replays', 0)} replayed deliveries "
-        f"after the crash), generator sent {sent_dup}",
+        "every event counted exactly once",
+        counters.get("records", -1) == sent_events,
+        f"pipeline counted {counters.get('records')} records, generator sent {sent_events} events",
+    )
+    # Without a crash every re-sent id is a source duplicate. After one, the pipeline tells a
+    # re-read of its own batch (replay) from a source duplicate by the delivery position, which
+    # can class a few replays as duplicates: the exact check is the one above; this one checks
+    # that every duplicate sent was dropped and reports the split.
+    dropped = counters.get("duplicates", 0) + counters.get("remnants", 0)
+    replays = counters.get("replays", 0)
+    verdict.add(
+        "duplicates sent were all dropped",
+        dropped == sent_dup if replays == 0 else dropped + replays >= sent_dup,
+        f"dropped {dropped} as duplicates and {replays} as replayed deliveries after the "
+        f"crash; generator sent {sent_dup} duplicates",
     )
     verdict.figures["windows_checked"] = len(closed)
     verdict.figures["events_checked"] = sum(closed.values())
