@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from millstream.bench.dedup import BatchOutcome, shard_batch
 from millstream.records import Production
 from millstream.settings import mask_url
 from millstream.state.bloom import BloomFilter
@@ -62,8 +63,6 @@ from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verd
 from millstream.state.transaction import COMMIT_LOG_KEEP
 
 SHARDS = 4
-KEYS_PER_RECORD = 10  # N records touch N / 10 distinct keys
-PAYLOAD = b"x" * 64
 COMPUTATION = "bench"
 
 Row = dict[str, Any]
@@ -151,60 +150,6 @@ class ServerCounters:
 
 
 # ---------------------------------------------------------------- one shard batch
-
-
-@dataclass
-class BatchOutcome:
-    verdicts: list[Verdict]
-    productions: list[Production]
-    round_trips: int
-    seconds: float
-    catalog_reads: int
-    false_positives: int
-
-
-def shard_batch(
-    store: ShardStore,
-    ids: Sequence[bytes],
-    positions: Sequence[bytes],
-    system_time: int,
-    previous: Sequence[Production] = (),
-    produce: bool = True,
-) -> BatchOutcome:
-    """acquire, dedup, load, state writes, catalog ids, productions, ack of `previous`, commit."""
-    started = time.perf_counter()
-    store.acquire()
-    verdicts = store.dedup(list(zip(ids, [system_time] * len(ids), positions, strict=True)), 0)
-    fresh = [
-        (rid, pos, f"k{i // KEYS_PER_RECORD}")
-        for i, (rid, pos, v) in enumerate(zip(ids, positions, verdicts, strict=True))
-        if v is Verdict.NEW
-    ]
-    states, _ = store.load([key for _, _, key in fresh], system_time, system_time)
-    counts: dict[str, int] = {}
-    for _, _, key in fresh:
-        counts[key] = counts.get(key, int(states.get(key) or 0)) + 1
-    txn = store.begin()
-    for key, n in counts.items():
-        txn.set_state(key, str(n).encode())
-    bucket = store.bucket_of(system_time)
-    txn.add_ids([(bucket, rid, pos) for rid, pos, _ in fresh])
-    if produce:
-        for rid, _, key in fresh:
-            txn.checkpoint(Production("out", key, PAYLOAD, system_time, b"p" + rid, system_time))
-    if previous:
-        txn.ack(list(previous))
-    txn.count("records", len(fresh))
-    store.commit(txn)
-    stats = store.dedup_stats
-    return BatchOutcome(
-        verdicts,
-        txn.productions,
-        store.round_trips,
-        time.perf_counter() - started,
-        stats.catalog_reads,
-        stats.false_positives,
-    )
 
 
 def new_ids(n: int) -> list[bytes]:

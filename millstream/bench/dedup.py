@@ -17,24 +17,41 @@ import statistics
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from millstream.bench._harness import Bench, print_table, say, write_json
+from millstream.records import Production
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict
 
 NAME = "dedup"
 SHARDS = 4
-KEYS_PER_RECORD = 10
+KEYS_PER_RECORD = 10  # N records touch N / 10 distinct keys
+PAYLOAD = b"x" * 64
+
+
+@dataclass
+class BatchOutcome:
+    verdicts: list[Verdict]
+    productions: list[Production]
+    round_trips: int
+    seconds: float
+    catalog_reads: int
+    false_positives: int
 
 
 def shard_batch(
-    store: ShardStore, ids: Sequence[bytes], system_time: int
-) -> tuple[list[Verdict], float]:
-    """One shard batch as a shard task runs it: acquire, dedup, load, state, ids, commit."""
+    store: ShardStore,
+    ids: Sequence[bytes],
+    positions: Sequence[bytes],
+    system_time: int,
+    previous: Sequence[Production] = (),
+    produce: bool = True,
+) -> BatchOutcome:
+    """acquire, dedup, load, state writes, catalog ids, productions, ack of `previous`, commit."""
     started = time.perf_counter()
     store.acquire()
-    positions = [b"in:0:" + uuid.uuid4().hex[:12].encode() for _ in ids]
     verdicts = store.dedup(list(zip(ids, [system_time] * len(ids), positions, strict=True)), 0)
     fresh = [
         (rid, pos, f"k{i // KEYS_PER_RECORD}")
@@ -50,9 +67,22 @@ def shard_batch(
         txn.set_state(key, str(n).encode())
     bucket = store.bucket_of(system_time)
     txn.add_ids([(bucket, rid, pos) for rid, pos, _ in fresh])
+    if produce:
+        for rid, _, key in fresh:
+            txn.checkpoint(Production("out", key, PAYLOAD, system_time, b"p" + rid, system_time))
+    if previous:
+        txn.ack(list(previous))
     txn.count("records", len(fresh))
     store.commit(txn)
-    return verdicts, time.perf_counter() - started
+    stats = store.dedup_stats
+    return BatchOutcome(
+        verdicts,
+        txn.productions,
+        store.round_trips,
+        time.perf_counter() - started,
+        stats.catalog_reads,
+        stats.false_positives,
+    )
 
 
 def sample(
@@ -75,7 +105,9 @@ def sample(
             fresh = [uuid.uuid4().bytes for _ in range(per_batch - n_dup)]
             ids = fresh + dups
             rng.shuffle(ids)
-            verdicts, took = shard_batch(store, ids, system_time)
+            positions = [b"in:0:" + uuid.uuid4().hex[:12].encode() for _ in ids]
+            outcome = shard_batch(store, ids, positions, system_time, produce=False)
+            verdicts, took = outcome.verdicts, outcome.seconds
             dup_set = set(dups)
             for rid, verdict in zip(ids, verdicts, strict=True):
                 expected = Verdict.DUPLICATE if rid in dup_set else Verdict.NEW
