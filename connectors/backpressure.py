@@ -97,24 +97,8 @@ def _drain_task(plan: BatchPlan, spec: ComputationSpec, shards: Iterator[int]) -
 
 
 def _delivery_plan(runner: ComputationRunner, batch_id: int) -> BatchPlan:
-    """What `deliver_all` needs of a batch plan; no input, so no watermark or user settings."""
-    return BatchPlan(
-        app=runner.topology.app,
-        batch_id=batch_id,
-        redis_url=runner.endpoints.redis_url,
-        shards=runner.shards,
-        shard_config=runner.shard_config,
-        input_watermark=NONE_KNOWN,
-        gc_watermark=NONE_KNOWN.system,
-        now=now_ms(),
-        user_retries=0,
-        fail_stop=False,
-        internal_inputs=runner.internal_inputs,
-        deliveries=runner.deliveries,
-        in_flight_streams=frozenset(
-            s for s in runner.spec.outputs if runner.topology.consumers_of(s)
-        ),
-    )
+    """The batch plan delivery-only tasks need: no input, so no input watermark."""
+    return runner.batch_plan(batch_id, NONE_KNOWN)
 
 
 def targets_of(runner: ComputationRunner, streams: set[str]) -> str:

@@ -280,12 +280,9 @@ class ComputationRunner:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def _process_batch_once(self, batch_df: Any, batch_id: int) -> None:
-        started = time.perf_counter()
-        input_wm = self.input_watermark()
-        planned = time.perf_counter()
-        now = now_ms()
-        plan = BatchPlan(
+    def batch_plan(self, batch_id: int, input_wm: Watermark) -> BatchPlan:
+        """What every shard task of this batch needs to know, shipped to the executors."""
+        return BatchPlan(
             app=self.topology.app,
             batch_id=batch_id,
             redis_url=self.endpoints.redis_url,
@@ -293,7 +290,7 @@ class ComputationRunner:
             shard_config=self.shard_config,
             input_watermark=input_wm,
             gc_watermark=input_wm.system - self.settings.gc_slack_seconds * 1000,
-            now=now,
+            now=now_ms(),
             user_retries=self.settings.user_retries,
             fail_stop=self.settings.on_user_error == "fail-stop",
             internal_inputs=self.internal_inputs,
@@ -304,6 +301,12 @@ class ComputationRunner:
             max_record_bytes=self.settings.max_record_bytes,
             max_future_ms=self.settings.max_future_ms,
         )
+
+    def _process_batch_once(self, batch_df: Any, batch_id: int) -> None:
+        started = time.perf_counter()
+        input_wm = self.input_watermark()
+        planned = time.perf_counter()
+        plan = self.batch_plan(batch_id, input_wm)
         spec, shards = self.spec, self.shards
         extractors = dict(spec.inputs)
         batch_df.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", spec.name)
