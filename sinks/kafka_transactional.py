@@ -116,6 +116,10 @@ class _ShardProducer:
     progress: dict[str, int] = field(default_factory=dict)  # stream -> highest delivered seq
     group_meta: dict[str, Any] = field(default_factory=dict)  # stream -> ConsumerGroupMetadata
     in_transaction: bool = False
+    # Set while a commit_transaction call has not returned a definite outcome: the progress
+    # (stream -> seq) that transaction carries. Such a producer is never aborted or dropped:
+    # its next delivery resumes the commit first (librdkafka's contract for a timed-out commit).
+    committing: dict[str, int] | None = None
 
 
 class _ShardProducers:
@@ -287,8 +291,10 @@ class KafkaTransactionalSink(Sink):
         topics: list[str],
         deadline: Deadline,
     ) -> DeliveryReport:
-        """1. read progress (once per init), 2. skip delivered, 3. begin, 4. produce and wait
-        for acks, 5. add progress offsets, 6. commit (retrying retriable errors)."""
+        """0. finish a commit left in doubt, 1. read progress (once per init), 2. skip delivered,
+        3. begin, 4. produce and wait for acks, 5. add progress offsets, 6. commit."""
+        if state.committing is not None:
+            self._commit(state, shard, deadline, state.committing)
         for stream in sorted({p.stream for p in productions}):
             if stream not in state.progress:
                 self._read_progress(state, shard, stream, deadline)
@@ -315,12 +321,13 @@ class KafkaTransactionalSink(Sink):
                 )
             self._await(state, shard, outcomes, todo, deadline)
             self._before_commit(shard)
-            self._send_progress(state, shard, [p for _, _, p in todo], deadline)
-            self._commit(state, shard, deadline)
+            top: dict[str, int] = {}
             for _, _, production in todo:
-                state.progress[production.stream] = max(
-                    state.progress[production.stream], production.seq
+                top[production.stream] = max(
+                    top.get(production.stream, _NO_PROGRESS), production.seq
                 )
+            self._send_progress(state, shard, top, deadline)
+            self._commit(state, shard, deadline, top)
         pairs = []
         for topic, production, outcome in zip(topics, productions, outcomes, strict=True):
             if outcome is None:
@@ -400,12 +407,9 @@ class KafkaTransactionalSink(Sink):
         self,
         state: _ShardProducer,
         shard: ShardRef,
-        delivered: list[Production],
+        top: dict[str, int],
         deadline: Deadline,
     ) -> None:
-        top: dict[str, int] = {}
-        for production in delivered:
-            top[production.stream] = max(top.get(production.stream, _NO_PROGRESS), production.seq)
         for stream, seq in sorted(top.items()):
             offsets = [
                 TopicPartition(self._progress_topic, _PROGRESS_PARTITION, seq + 1, f"seq={seq}")
@@ -458,14 +462,39 @@ class KafkaTransactionalSink(Sink):
         if "error" in box:
             raise box["error"]
 
-    def _commit(self, state: _ShardProducer, shard: ShardRef, deadline: Deadline) -> None:
-        self._retrying(
-            state,
-            deadline,
-            "commit_transaction",
-            lambda: state.producer.commit_transaction(max(0.1, deadline.left())),
-        )
+    def _commit(
+        self, state: _ShardProducer, shard: ShardRef, deadline: Deadline, top: dict[str, int]
+    ) -> None:
+        """Commit (or resume committing) the open transaction that carries progress `top`.
+
+        A commit that times out has an unknown outcome: the broker may have committed it. Then
+        aborting is not allowed (librdkafka answers _CONFLICT) and dropping the producer would
+        leave the outcome to the progress read of the next producer. So the producer is kept
+        with `committing` set, and the next delivery of the shard calls commit_transaction
+        again until librdkafka returns a definite result (docs of rd_kafka_commit_transaction).
+        """
+        state.committing = top
+        while True:
+            try:
+                state.producer.commit_transaction(max(0.1, deadline.left()))
+                break
+            except (KafkaException, SystemError) as exc:
+                err = kafka_error(exc)
+                if err is not None and err.retriable() and not err.txn_requires_abort():
+                    if not deadline.expired():
+                        time.sleep(_RETRY_PAUSE_S)
+                        continue
+                    raise TransientError(
+                        f"shard {shard}: commit_transaction for {state.txn_id!r} did not return "
+                        f"within {self._timeout:.0f}s ({err.name()}); its outcome is unknown, so "
+                        "the checkpoints stay and the next delivery resumes the commit"
+                    ) from None
+                state.committing = None  # a definite failure: the transaction did not commit
+                self._raise(state, exc, "commit_transaction")
+        state.committing = None
         state.in_transaction = False
+        for stream, seq in top.items():
+            state.progress[stream] = max(state.progress[stream], seq)
 
     # ------------------------------------------------------------------------------ init
     def _init(self, shard: ShardRef, deadline: Deadline) -> _ShardProducer:
@@ -575,7 +604,7 @@ class KafkaTransactionalSink(Sink):
         Raises _Fenced when the abort reveals a newer producer; any other failure drops the
         producer (Kafka aborts its transaction when the id is initialised again) and raises.
         """
-        if not state.in_transaction:
+        if not state.in_transaction or state.committing is not None:
             return
         while True:
             try:
@@ -596,8 +625,9 @@ class KafkaTransactionalSink(Sink):
                 ) from None
 
     def _abort_quietly(self, state: _ShardProducer, deadline: Deadline) -> None:
-        """Best effort on the way out of an error: abort, else drop the producer."""
-        if not state.in_transaction:
+        """Best effort on the way out of an error: abort, else drop the producer. A producer
+        whose commit is in doubt is kept as it is, for the next delivery to resume."""
+        if not state.in_transaction or state.committing is not None:
             return
         try:
             state.producer.abort_transaction(max(1.0, deadline.left()))

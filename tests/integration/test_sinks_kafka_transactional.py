@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
 import queue
+import signal
 import subprocess
 import sys
 import textwrap
@@ -19,11 +21,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException, Producer
 
-from millstream.errors import ConfigurationError
+from millstream.embedded import KafkaService
+from millstream.errors import ConfigurationError, TransientError
 from millstream.records import Production
 from millstream.sinks.base import SKIPPED_DELIVERED, ShardRef
 from millstream.sinks.kafka_transactional import KafkaTransactionalSink, transactional_id
@@ -32,6 +36,7 @@ from millstream.testing.committed_reader import (
     read_committed,
     read_with_consumer,
 )
+from millstream.testing.infra import create_topic
 
 LEAK_REASON = (
     "broker defect: Tansu serves aborted transactional records to read_committed consumers"
@@ -385,3 +390,42 @@ def test_owned_settings_cannot_be_overridden(kafka_bootstrap: str) -> None:
             "t",
             producer_config={"enable.idempotence": False},
         )
+
+
+def test_commit_in_doubt_is_resumed_not_redelivered(durable_kafka: KafkaService, app: str) -> None:
+    """A commit whose answer does not come back in time may still commit on the broker.
+
+    The broker is frozen (SIGSTOP) after the records and progress are sent, so commit_transaction
+    times out with the EndTxn request unanswered; the broker then wakes and commits it. The sink
+    must not abort or drop that producer (librdkafka answers an abort with _CONFLICT, and a new
+    producer would have to trust the broker's progress): the next delivery resumes the commit,
+    learns that it succeeded, and skips those productions. Before this, after a broker stop the
+    same productions were delivered twice (issue #6).
+    """
+    bootstrap = durable_kafka.bootstrap
+    topic = create_topic(bootstrap, partitions=1)
+    assert durable_kafka.pid is not None
+    frozen: list[bool] = []
+
+    class FreezeBeforeCommit(KafkaTransactionalSink):
+        def _send_progress(self, *args: Any, **kwargs: Any) -> None:
+            super()._send_progress(*args, **kwargs)
+            if not frozen:
+                frozen.append(True)
+                os.kill(durable_kafka.pid, signal.SIGSTOP)
+
+    sink = FreezeBeforeCommit({"bootstrap.servers": bootstrap}, topic, delivery_timeout_s=3)
+    shard = ShardRef(app, "comp", 0)
+    first, second = productions("d", 0, 5), productions("d", 5, 8)
+    try:
+        sink.setup()
+        try:
+            with pytest.raises(TransientError, match="outcome is unknown"):
+                sink.deliver(shard, first)
+        finally:
+            os.kill(durable_kafka.pid, signal.SIGCONT)
+        report = sink.deliver(shard, first + second)  # the checkpoints stayed: all re-offered
+        assert [d.skipped for d in report.deliveries] == [SKIPPED_DELIVERED] * 5 + [None] * 3
+        assert_exactly_once(bootstrap, topic, first + second)
+    finally:
+        sink.close()
