@@ -41,6 +41,8 @@ class Bench:
     events: int
     rates: list[float]
     rate_seconds: float
+    steady_seconds: float = 600.0
+    steady_rate: float = 200.0
     results: dict[str, Any] = field(default_factory=dict)
     warmup: tuple[str, int] | None = None  # (topic, events) every millstream series counts first
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from millstream.bench._harness import Bench, say, write_json
 
-SCENARIOS = ("throughput", "latency", "watermarks", "dedup", "scaling")
+SCENARIOS = ("throughput", "latency", "watermarks", "dedup", "scaling", "steady")
 NOTES = """
 How to read these figures (the module docstrings in `millstream/bench/` say exactly what is
 measured):
@@ -66,6 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seconds", type=float, help="seconds of traffic per latency rate (30; quick 15)"
     )
+    parser.add_argument(
+        "--steady-seconds",
+        type=float,
+        help="length of the steady memory run (600; quick 150)",
+    )
+    parser.add_argument(
+        "--steady-rate", type=float, default=200.0, help="input rate of the steady run (200/s)"
+    )
 
 
 def _bench_from(args: argparse.Namespace, redis_url: str, bootstrap: str, workdir: Path) -> Bench:
@@ -78,6 +86,9 @@ def _bench_from(args: argparse.Namespace, redis_url: str, bootstrap: str, workdi
     seconds = args.seconds or (15.0 if args.quick else 30.0)
     if events < 1000 or not rates or any(not 0 < r <= 50_000 for r in rates) or seconds < 5:
         raise ValueError("--events must be >= 1000, --rates in (0, 50000], --seconds >= 5")
+    steady = args.steady_seconds or (150.0 if args.quick else 600.0)
+    if steady < 150 or not 0 < args.steady_rate <= 50_000:
+        raise ValueError("--steady-seconds must be >= 150 and --steady-rate in (0, 50000]")
     return Bench(
         output=args.output,
         workdir=workdir,
@@ -87,6 +98,8 @@ def _bench_from(args: argparse.Namespace, redis_url: str, bootstrap: str, workdi
         events=events,
         rates=rates,
         rate_seconds=seconds,
+        steady_seconds=steady,
+        steady_rate=args.steady_rate,
     )
 
 
