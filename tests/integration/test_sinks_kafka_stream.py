@@ -149,3 +149,30 @@ def test_idempotent_sink_with_dedup_reader_is_exactly_once(
     again = RedisDedupReader(redis_client, redis_namespace, ttl_s=60)  # a restarted reader
     shared.mark(fresh)
     assert again.filter(messages) == []
+
+
+def test_idempotent_zombie_writes_are_dropped_by_the_dedup_reader(
+    kafka_bootstrap: str,
+    kafka_topic_factory: Callable[..., str],
+    sinks: list[KafkaStreamSink],
+) -> None:
+    """An idempotent producer cannot be fenced: a zombie task (an old owner of the shard that
+    wakes up) writes its stale productions again, interleaved with the new owner's. Its records
+    carry the same production ids, so the consumer helper still sees each production once."""
+    topic = kafka_topic_factory(partitions=2)
+    owner = KafkaIdempotentSink({"bootstrap.servers": kafka_bootstrap}, topic)
+    zombie = KafkaIdempotentSink({"bootstrap.servers": kafka_bootstrap}, topic)
+    sinks.extend([owner, zombie])
+    owner.deliver(SHARD, productions(0, 10))
+    owner.deliver(SHARD, productions(10, 20))
+    zombie.deliver(SHARD, productions(0, 10))  # its checkpoints were taken before the first
+    owner.deliver(SHARD, productions(20, 25))
+    zombie.deliver(SHARD, productions(5, 12))
+
+    messages = read_with_consumer(kafka_bootstrap, topic, isolation_level="read_uncommitted")
+    assert len(messages) == 25 + 10 + 7
+    reader = DedupReader(max_ids=1000)
+    unique = list(reader.filter(messages))
+    assert sorted(message_id(m) for m in unique) == sorted(p.id for p in productions(0, 25))
+    assert reader.duplicates == 17
+    assert sorted(m.value() for m in unique) == sorted(p.value for p in productions(0, 25))
