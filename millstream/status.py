@@ -15,6 +15,27 @@ def computations_of(client: Any, app: str) -> list[str]:
     return sorted(names)
 
 
+def committed_counters(
+    client: Any, app: str, computation: str, shards: int | None = None
+) -> dict[str, int]:
+    """A computation's counters summed over its shards, as committed with their effects.
+
+    Exact after any crash, unlike the driver's metrics hash: the driver adds a batch's counts
+    after the batch, so a crash between the shards' commits and that update loses them (the
+    replay then sees only replays). `shards` defaults to the shards that exist in Redis.
+    """
+    count = _shard_count(client, app, computation) if shards is None else shards
+    pipe = client.pipeline(transaction=False)
+    for shard in range(count):
+        pipe.hgetall(ShardKeys(app, computation, shard).counters)
+    total: dict[str, int] = {}
+    for counters in pipe.execute() if count else []:
+        for name, value in counters.items():
+            key = name.decode() if isinstance(name, bytes) else str(name)
+            total[key] = total.get(key, 0) + int(value)
+    return total
+
+
 def status(client: Any, app: str) -> dict[str, Any]:
     """A JSON-able snapshot; never includes URLs or credentials."""
     authority = WatermarkAuthority(client, app)
@@ -26,6 +47,10 @@ def status(client: Any, app: str) -> dict[str, Any]:
         }
         last = json.loads(metrics.pop("last_batch", "{}"))
         shards = _shard_count(client, app, name)
+        if shards:  # the shards' committed counters are exact; the driver's may trail a crash
+            metrics.update(
+                {k: str(v) for k, v in committed_counters(client, app, name, shards).items()}
+            )
         pipe = client.pipeline(transaction=False)
         for shard in range(shards):
             keys = ShardKeys(app, name, shard)

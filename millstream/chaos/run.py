@@ -93,11 +93,14 @@ def _metric(redis_url: str, app: str, stage: str, name: str) -> int:
     import redis
 
     from millstream.state.keys import app_key
+    from millstream.status import committed_counters
 
     try:
         client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
         try:
-            return int(client.hget(app_key(app, "metrics", stage), name) or 0)
+            if name == "batches":  # the driver counts batches; the shards commit the rest
+                return int(client.hget(app_key(app, "metrics", stage), name) or 0)
+            return committed_counters(client, app, stage).get(name, 0)
         finally:
             client.close()
     except redis.RedisError:

@@ -17,8 +17,9 @@ from millstream.demo.report import lag_summary, percentiles, plot_all, text_repo
 from millstream.demo.traffic import TrafficPlayer
 from millstream.demo.verify import verify
 from millstream.settings import Settings
-from millstream.state.keys import ShardKeys, app_key
+from millstream.state.keys import app_key
 from millstream.state.watermarks import WatermarkAuthority, now_ms
+from millstream.status import committed_counters
 from millstream.testing.process import PipelineProcess
 
 INPUT_PARTITIONS = 4
@@ -231,7 +232,7 @@ def run_demo(
     ).event
     windows = [r.value for r in read_committed(bootstrap, topics["window_topic"]) if r.value]
     anomalies = [r.value for r in read_committed(bootstrap, topics["anomaly_topic"]) if r.value]
-    counters = _committed_counters(client, app, "window_counter", opts.shards)
+    counters = committed_counters(client, app, "window_counter", opts.shards)
     verdict = verify(plan, start_wall, windows, anomalies, counters, closed_before)
 
     window_latency = [
@@ -269,20 +270,6 @@ def run_demo(
     }
     write_json(folder / "summary.json", summary)
     return summary
-
-
-def _committed_counters(client: Any, app: str, computation: str, shards: int) -> dict[str, int]:
-    """A computation's counters summed over its shards, as committed with their effects.
-
-    Not the driver's metrics hash: the driver adds a batch's counts after the batch, so a crash
-    between the shards' commits and that update loses them (the replay sees only replays).
-    """
-    total: dict[str, int] = {}
-    for shard in range(shards):
-        for name, value in client.hgetall(ShardKeys(app, computation, shard).counters).items():
-            key = name.decode()
-            total[key] = total.get(key, 0) + int(value)
-    return total
 
 
 def _series(
