@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import logging
 import os
 import socket
 import threading
@@ -72,6 +73,8 @@ from millstream.sinks.base import (
     Sink,
 )
 from millstream.testing._crash import crash_point
+
+log = logging.getLogger(__name__)
 
 PROGRESS_TOPIC = "__millstream_progress"
 _PROGRESS_PARTITION = 0
@@ -120,6 +123,7 @@ class _ShardProducer:
     # (stream -> seq) that transaction carries. Such a producer is never aborted or dropped:
     # its next delivery resumes the commit first (librdkafka's contract for a timed-out commit).
     committing: dict[str, int] | None = None
+    committing_since: float = 0.0  # monotonic time the in-doubt commit was first attempted
 
 
 class _ShardProducers:
@@ -198,6 +202,7 @@ class KafkaTransactionalSink(Sink):
         self._topic_for = topic_for
         self._progress_topic = progress_topic
         self._timeout = float(delivery_timeout_s)
+        self._txn_timeout_s = transaction_timeout_ms / 1000
         self._metadata_timeout = float(metadata_timeout_s)
         self._cap = max_cached_producers
         self._config = client_config(
@@ -241,6 +246,9 @@ class KafkaTransactionalSink(Sink):
             self._checked |= new
         txn_id = transactional_id(shard)
         state = _SHARDS.get(self._cache_key, txn_id)
+        if state is not None and self._doubt_outlived(state):
+            self._discard(state)
+            state = None
         fresh = state is None
         if state is None:
             state = self._init(shard, deadline)
@@ -473,7 +481,8 @@ class KafkaTransactionalSink(Sink):
         with `committing` set, and the next delivery of the shard calls commit_transaction
         again until librdkafka returns a definite result (docs of rd_kafka_commit_transaction).
         """
-        state.committing = top
+        if state.committing is None:
+            state.committing, state.committing_since = top, time.monotonic()
         while True:
             try:
                 state.producer.commit_transaction(max(0.1, deadline.left()))
@@ -495,6 +504,26 @@ class KafkaTransactionalSink(Sink):
         state.in_transaction = False
         for stream, seq in top.items():
             state.progress[stream] = max(state.progress[stream], seq)
+
+    def _doubt_outlived(self, state: _ShardProducer) -> bool:
+        """A commit in doubt for longer than the transaction timeout: stop resuming it.
+
+        By then the coordinator has finished that transaction one way or the other (a commit
+        it started completes; one it never saw is aborted by the timeout), so a new producer's
+        init_transactions and progress read give the answer, and a resume that keeps timing out
+        cannot hold the shard forever.
+        """
+        if state.committing is None:
+            return False
+        if time.monotonic() - state.committing_since <= self._txn_timeout_s:
+            return False
+        log.warning(
+            "%s: commit in doubt for over %.0fs; re-initialising the producer, whose progress "
+            "read settles what was delivered",
+            state.txn_id,
+            self._txn_timeout_s,
+        )
+        return True
 
     # ------------------------------------------------------------------------------ init
     def _init(self, shard: ShardRef, deadline: Deadline) -> _ShardProducer:
