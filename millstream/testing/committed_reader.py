@@ -299,6 +299,22 @@ def apply_markers(topic: str, partition: int, batches: list[RawBatch]) -> list[C
     return rows if stable is None else [r for r in rows if r.offset < stable]
 
 
+def aborted_values(batches: list[RawBatch]) -> list[bytes]:
+    """Values of the transactional records that an ABORT marker of their producer closed."""
+    out: list[bytes] = []
+    pending: dict[int, list[bytes]] = {}
+    for batch in batches:
+        if batch.control:
+            values = pending.pop(batch.producer_id, [])
+            if not any(getattr(r, "type", None) == 1 for r in batch.records):
+                out.extend(values)
+        elif batch.transactional:
+            pending.setdefault(batch.producer_id, []).extend(
+                bytes(r.value or b"") for r in batch.records
+            )
+    return out
+
+
 def read_committed(bootstrap: str, topic: str, *, timeout: float = 10.0) -> list[CommittedRecord]:
     """All records of `topic` an Apache Kafka read_committed consumer would see now,
     ordered by (partition, offset)."""

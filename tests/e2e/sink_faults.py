@@ -20,6 +20,7 @@ from millstream.sinks.dedup_reader import DedupReader
 from millstream.state.keys import ShardKeys
 from millstream.state.wire import decode_production
 from millstream.testing.committed_reader import (
+    aborted_values,
     probe_aborted_leak,
     read_committed,
     read_raw,
@@ -34,6 +35,18 @@ KEYS = 7
 LEAK_REASON = (
     "broker defect: Tansu serves aborted transactional records to read_committed consumers"
 )
+LOST_COMMIT_REASON = (
+    "broker defect: Tansu acknowledged a transaction's commit across a stop and restart, kept "
+    "its progress offsets, and then aborted its records (no COMMIT marker ever written)"
+)
+
+
+class Incomplete(AssertionError):
+    """Some inputs' productions never became visible; `missing` names those inputs."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 @dataclass
@@ -260,9 +273,43 @@ def wait_complete(
     try:
         pipeline.wait_for(complete, 240, f"a production for each of the {len(truth)} inputs")
     except AssertionError as exc:
-        raise AssertionError(
-            f"{seen[0]} of {len(truth)} inputs' productions arrived; {exc}"
+        missing = sorted(set(truth) - set(read_output(bootstrap, topic, mode).ids))
+        raise Incomplete(
+            f"{seen[0]} of {len(truth)} inputs' productions arrived (missing {missing[:10]}); {exc}",
+            missing,
         ) from None
+
+
+def _event_of(value: bytes) -> str | None:
+    try:
+        return str(json.loads(value)["e"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def lost_commit_evidence(
+    bootstrap: str, topic: str, missing: list[str], pending: list[Any]
+) -> str | None:
+    """Evidence that the broker, not millstream, lost these productions, or None.
+
+    It holds when the sink was told every commit succeeded (no checkpoint is left in Redis)
+    while each missing production's records are in the log under an ABORT marker: the broker
+    acknowledged the commit, applied its progress offsets (so the sink rightly skipped them
+    afterwards) and never wrote its COMMIT marker. An Apache Kafka coordinator completes the
+    markers of a commit it has acknowledged, whatever restarts.
+    """
+    if pending or not missing:
+        return None
+    aborted: set[str] = set()
+    for partition in range(8):
+        try:
+            batches, _ = read_raw(bootstrap, topic, partition)
+        except Exception:
+            break
+        aborted |= {e for v in aborted_values(batches) if (e := _event_of(v)) is not None}
+    if not set(missing) <= aborted:
+        return None
+    return f"{len(missing)} productions {missing[:10]}: records in the log under an ABORT marker"
 
 
 def raw_story(bootstrap: str, topic: str, events: list[str]) -> str:
@@ -277,7 +324,7 @@ def raw_story(bootstrap: str, topic: str, events: list[str]) -> str:
         hits = set()
         for i, batch in enumerate(batches):
             values = [bytes(r.value or b"") for r in batch.records if not batch.control]
-            if any(f'"e": "{e}"'.encode() in v for v in values for e in events):
+            if any(_event_of(v) in events for v in values):
                 hits.add(i)
         for i in sorted(hits):
             batch = batches[i]

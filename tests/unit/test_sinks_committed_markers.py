@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from millstream.testing.committed_reader import RawBatch, apply_markers
+from millstream.testing.committed_reader import RawBatch, aborted_values, apply_markers
 
 COMMIT, ABORT = 1, 0
 
@@ -53,3 +53,17 @@ def test_open_transaction_holds_back_everything_after_it() -> None:
 
 def test_markers_of_another_producer_do_not_apply() -> None:
     assert values([data(0, 7, b"x"), marker(1, 9, COMMIT)]) == []
+
+
+def test_aborted_values_are_those_an_abort_marker_closed() -> None:
+    batches = [
+        data(0, 7, b"a1"),
+        data(1, 8, b"b1"),
+        marker(2, 7, COMMIT),
+        data(3, 7, b"a2"),
+        data(4, -1, b"plain", transactional=False),
+        marker(5, 8, ABORT),
+        marker(6, 7, ABORT),
+        data(7, 7, b"open"),
+    ]
+    assert aborted_values(batches) == [b"b1", b"a2"]
