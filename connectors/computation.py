@@ -40,6 +40,7 @@ class Context:
         self._raw = state
         self._value: Any = _MISSING
         self._dirty = False
+        self._encoded: tuple[bool, bytes | None] | None = None
         self._timestamp = timestamp
         self._outputs = outputs
         self._new_id = new_id
@@ -58,16 +59,24 @@ class Context:
             raise ValueError("set_state(None) is ambiguous: call delete_state() to remove state")
         self._value = value
         self._dirty = True
+        self._encoded = None
 
     def delete_state(self) -> None:
         self._value = None
         self._dirty = True
+        self._encoded = None
 
     def state_effect(self) -> tuple[bool, bytes | None]:
-        """(changed, bytes or None for delete); serialising here makes a bad value a user error."""
+        """(changed, bytes or None for delete); serialising here makes a bad value a user error.
+
+        Encoded once: the runtime asks right after user code (to catch an unencodable value)
+        and again when it writes the commit.
+        """
         if not self._dirty:
             return False, None
-        return True, None if self._value is None else self._serde.dumps(self._value)
+        if self._encoded is None:
+            self._encoded = (True, None if self._value is None else self._serde.dumps(self._value))
+        return self._encoded
 
     # --- timers ------------------------------------------------------------------------------
     def set_timer(self, tag: str, time: int, domain: str | TimeDomain = TimeDomain.EVENT) -> None:
