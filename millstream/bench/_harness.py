@@ -96,38 +96,39 @@ class Bench:
 # ---------------------------------------------------------------- processes and memory
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return raw.rsplit(")", 1)[1].split()
+def tree_rss_by_kind(root: int) -> dict[str, int]:
+    """Resident bytes of `root`'s session and every descendant, by kind: java, python, other."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    info: dict[int, tuple[int, int, int, str]] = {}  # pid -> (ppid, session, rss, comm)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            continue
+        info[int(entry)] = (int(fields[1]), int(fields[3]), int(fields[21]) * page, comm)
+    members = {pid for pid, (_, sid, _, _) in info.items() if sid == root} | {root}
+    grew = True
+    while grew:
+        extra = {pid for pid, (ppid, _, _, _) in info.items() if ppid in members} - members
+        members |= extra
+        grew = bool(extra)
+    out = {"java": 0, "python": 0, "other": 0}
+    for pid in members & info.keys():
+        comm = info[pid][3]
+        kind = "java" if comm == "java" else "python" if comm.startswith("python") else "other"
+        out[kind] += info[pid][2]
+    return out
 
 
 def tree_rss_bytes(root: int) -> int:
     """Resident memory summed over `root`'s session and every descendant of `root`."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    parents: dict[int, int] = {}
-    sessions: dict[int, int] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fields = _stat_fields(int(entry))
-        if fields is None or fields[0] == "Z":
-            continue
-        pid = int(entry)
-        parents[pid] = int(fields[1])
-        sessions[pid] = int(fields[3])
-        rss[pid] = int(fields[21]) * page
-    members = {pid for pid, sid in sessions.items() if sid == root}
-    members.add(root)
-    grew = True
-    while grew:
-        extra = {pid for pid, parent in parents.items() if parent in members} - members
-        members |= extra
-        grew = bool(extra)
-    return sum(rss.get(pid, 0) for pid in members)
+    return sum(tree_rss_by_kind(root).values())
 
 
 class RssSampler(threading.Thread):

@@ -9,6 +9,7 @@ The computations live in an importable module so Spark's Python workers load the
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
@@ -25,6 +26,32 @@ class PassThrough(Computation):
 
     def process_record(self, ctx: Context, record: Record) -> None:
         ctx.produce(self.stream, ctx.key, record.value, record.timestamp)
+
+
+def parts_config(
+    bench: Any, prefix: str, parts: list[tuple[str, str, bool]], shards: int = 8
+) -> dict[str, Any]:
+    """A fresh app reading a fresh input topic, with `parts` (name, what, exactly_once) each
+    writing its own fresh output topic: the config `build` takes (`input_topic` and each
+    part's `output_topic` included)."""
+    from millstream.bench._workload import new_topic
+
+    app = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    return {
+        "app": app,
+        "bootstrap": bench.bootstrap,
+        "input_topic": new_topic(bench.kafka, f"{app}-in"),
+        "shards": shards,
+        "parts": [
+            {
+                "name": name,
+                "what": what,
+                "exactly_once": eo,
+                "output_topic": new_topic(bench.kafka, f"{app}-{name}"),
+            }
+            for name, what, eo in parts
+        ],
+    }
 
 
 def build(config: dict[str, Any]) -> Topology:

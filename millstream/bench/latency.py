@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from millstream.bench._harness import (
     write_json,
 )
 from millstream.bench._marker_watch import MarkerAwareWatcher
+from millstream.bench._topologies import parts_config
 from millstream.bench._workload import WINDOW_MS, RateProducer, new_topic
 from millstream.state.watermarks import WatermarkAuthority
 
@@ -155,20 +155,10 @@ def _pipeline(
 ) -> dict[str, Any]:
     """One millstream pipeline process: `parts` (name, what, exactly_once) on one input topic,
     each part's output watched by `watch[name]`; warm-up, the rate phases, drain."""
-    app = f"bl-{uuid.uuid4().hex[:8]}"
+    config = parts_config(bench, "bl", parts)
+    app, topic = config["app"], config["input_topic"]
+    outs = {p["name"]: p["output_topic"] for p in config["parts"]}
     folder = bench.run_dir(f"{NAME}-millstream")
-    topic = new_topic(bench.kafka, f"{app}-in")
-    outs = {name: new_topic(bench.kafka, f"{app}-{name}") for name, _, _ in parts}
-    config = {
-        "app": app,
-        "bootstrap": bench.bootstrap,
-        "input_topic": topic,
-        "shards": 8,
-        "parts": [
-            {"name": name, "what": what, "exactly_once": eo, "output_topic": outs[name]}
-            for name, what, eo in parts
-        ],
-    }
     names = [name for name, _, _ in parts]
     passthrough = [name for name, what, _ in parts if what == "passthrough"]
     client = bench.redis()

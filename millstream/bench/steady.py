@@ -15,10 +15,8 @@ not pass for a leak; the backlog column shows whether it kept up.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,46 +26,16 @@ from millstream.bench._harness import (
     millstream_pipeline,
     print_table,
     say,
+    tree_rss_by_kind,
     write_json,
 )
-from millstream.bench._workload import RateProducer, new_topic
+from millstream.bench._topologies import parts_config
+from millstream.bench._workload import RateProducer
 from millstream.bench.latency import _warm_up
 
 NAME = "steady"
 SAMPLE_S = 5.0
 PARTS = ("steady_window", "steady_pass")
-
-
-def _tree(root: int) -> dict[str, int]:
-    """Resident bytes of `root`'s session and descendants, by kind (java / python / other)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    info: dict[int, tuple[int, int, int, str]] = {}  # pid -> (ppid, sid, rss, comm)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw.rsplit(")", 1)[1].split()
-        if fields[0] == "Z":
-            continue
-        info[int(entry)] = (int(fields[1]), int(fields[3]), int(fields[21]) * page, comm)
-    members = {pid for pid, (_, sid, _, _) in info.items() if sid == root} | {root}
-    grew = True
-    while grew:
-        extra = {pid for pid, (ppid, _, _, _) in info.items() if ppid in members} - members
-        members |= extra
-        grew = bool(extra)
-    out = {"java": 0, "python": 0, "other": 0}
-    for pid in members:
-        if pid not in info:
-            continue
-        comm = info[pid][3]
-        kind = "java" if comm == "java" else "python" if comm.startswith("python") else "other"
-        out[kind] += info[pid][2]
-    return out
 
 
 def _slope_mb_per_min(points: list[tuple[float, float]]) -> float | None:
@@ -127,20 +95,11 @@ def plot(path: Path, samples: list[dict[str, float]]) -> None:
 
 def run(bench: Bench) -> dict[str, Any]:
     seconds, rate = bench.steady_seconds, bench.steady_rate
-    app = f"bs-{uuid.uuid4().hex[:8]}"
+    config = parts_config(
+        bench, "bs", [(PARTS[0], "window", True), (PARTS[1], "passthrough", True)]
+    )
+    app, topic = config["app"], config["input_topic"]
     folder = bench.run_dir(NAME)
-    topic = new_topic(bench.kafka, f"{app}-in")
-    outs = {name: new_topic(bench.kafka, f"{app}-{name}") for name in PARTS}
-    config = {
-        "app": app,
-        "bootstrap": bench.bootstrap,
-        "input_topic": topic,
-        "shards": 8,
-        "parts": [
-            {"name": PARTS[0], "what": "window", "exactly_once": True, "output_topic": outs[PARTS[0]]},
-            {"name": PARTS[1], "what": "passthrough", "exactly_once": True, "output_topic": outs[PARTS[1]]},
-        ],
-    }  # fmt: skip
     client = bench.redis()
     say(f"{NAME}: {rate:.0f} events/s for {seconds:.0f}s, memory sampled every {SAMPLE_S:.0f}s")
     samples: list[dict[str, float]] = []
@@ -161,7 +120,7 @@ def run(bench: Bench) -> dict[str, Any]:
             if not process.alive():
                 producer.stop()
                 raise RuntimeError(f"pipeline exited; log {process.log_path}:\n{process.tail()}")
-            tree = _tree(process.proc.pid)
+            tree = tree_rss_by_kind(process.proc.pid)
             counted = min(metric(client, app, p, "records") for p in PARTS)
             sample = {
                 "at": round(time.monotonic() - began, 1),
