@@ -150,6 +150,15 @@ def _write_reports(
     (output / "README.md").write_text(report(output, machine, summary))
     if final and output == DEFAULT_OUTPUT and not summary["quick"]:
         page = report(output, machine, summary, images=f"{output.name}/")
+        others = sorted(
+            d.name
+            for d in output.parent.iterdir()
+            if d.is_dir() and d != output and (d / "README.md").exists()
+        )
+        if others:  # runs kept apart (a soak, a profile, a steady run): each says what it is
+            page += "\n## Other recorded runs\n\n" + "".join(
+                f"- [{name}/]({name}/README.md)\n" for name in others
+            )
         (output.parent / "README.md").write_text(page)
 
 
