@@ -11,7 +11,9 @@ The group coordinator applies it only if the transaction commits, and `Consumer.
 with `isolation.level=read_committed` never returns a pending or aborted one. On every
 (re)initialisation the sink reads that progress, skips productions with seq <= progress and
 delivers the rest plus the new progress in one transaction; so each production becomes
-visible to a read_committed consumer exactly once, whatever crashed where.
+visible to a read_committed consumer exactly once, whatever crashed where. A commit that times
+out (broker gone mid-commit) may still commit: that producer is kept and its commit resumed on
+the shard's next delivery, never aborted (see `_commit`).
 
 Caveats: Kafka expires the committed offsets of a group without members after
 `offsets.retention.minutes` (7 days by default); progress matters only for checkpoints left
