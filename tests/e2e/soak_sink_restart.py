@@ -8,7 +8,7 @@ a private Tansu on local S3, which gets SIGTERM at a random moment and comes bac
 `--down` seconds. Afterwards the marker-aware reader must see every production exactly once.
 A run that misses productions prints their raw batches and the next marker of their producer,
 to tell a sink defect from a broker's. Each run takes about 30 s. This is how the figures of
-issue #6 were measured (the doubles before commits in doubt were resumed; 2 of 24 runs after,
+issue #6 were measured (the doubles before commits in doubt were resumed; 2 of 36 runs after,
 with records under an ABORT marker although the broker acknowledged their commit).
 """
 
