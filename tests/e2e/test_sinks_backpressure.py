@@ -36,13 +36,10 @@ import pytest
 from millstream.state.watermarks import WatermarkAuthority
 from millstream.testing.infra import create_topic
 from tests.e2e.sink_faults import (
-    LOST_COMMIT_REASON,
     Feeder,
-    Incomplete,
     Phases,
     assert_exactly_once,
     check_plain_consumer,
-    lost_commit_evidence,
     metric,
     pending_productions,
     pipeline_env,
@@ -167,14 +164,14 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
         phase(f"target restarted ({sent_during} inputs sent while it was down)")
         feeder.join()
         truth = feeder.finish()
-        try:
-            wait_complete(pipeline, target, sink, "transactional", truth)
-        except Incomplete as exc:
-            pending = pending_productions(redis_client, app)
-            evidence = lost_commit_evidence(target, sink, exc.missing, pending)
-            if evidence is None:
-                raise
-            pytest.xfail(f"{LOST_COMMIT_REASON}: {evidence}")
+        wait_complete(
+            pipeline,
+            target,
+            sink,
+            "transactional",
+            truth,
+            checkpoints=lambda: pending_productions(redis_client, app),
+        )
         phase("every production delivered")
         settled = metric(redis_client, app, "batches") + 3
         pipeline.wait_for(

@@ -107,7 +107,14 @@ def test_broker_restart_mid_run_under_load(
         phase(f"all {len(truth)} inputs acknowledged ({feeder.sent} sends)")
         assert delivered_before < len(truth), "the broker went down after all the work was done"
         try:
-            wait_complete(pipeline, bootstrap, sink, mode, truth)
+            wait_complete(
+                pipeline,
+                bootstrap,
+                sink,
+                mode,
+                truth,
+                checkpoints=lambda: pending_productions(redis_client, app),
+            )
         except LogHoleError as exc:
             assert how == "kill9", exc  # a clean stop must never lose data
             pytest.xfail(f"{HOLE_REASON}: {exc}")
