@@ -417,8 +417,15 @@ def _http_ok(url: str) -> bool:
 
 
 def new_cluster_id() -> str:
-    """A KRaft-style cluster id (22 url-safe base64 chars), valid for Apache Kafka and Tansu."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft-style cluster id (22 url-safe base64 chars), valid for Apache Kafka and Tansu.
+
+    Never one that starts with '-': a command line would read it as an option (Tansu exits with
+    "a value is required for '--cluster-id'"; Apache Kafka's Uuid.randomUuid skips those too).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 S = TypeVar("S", bound="EmbeddedService")
