@@ -36,6 +36,16 @@ KEYS = 7
 LEAK_REASON = (
     "broker defect: Tansu serves aborted transactional records to read_committed consumers"
 )
+UNSERVED_ACK_REASON = (
+    "broker defect: Tansu (s3:// storage) acknowledged records at offsets where, after a kill -9 "
+    "and restart, it does not serve them"
+)
+STUCK_TXN_REASON = (
+    "broker defect: Tansu (s3:// storage) keeps a transaction's records without a COMMIT or "
+    "ABORT marker long after the transaction timeout, so read_committed stops at it"
+)
+JOURNAL = "deliveries.jsonl"
+TXN_TIMEOUT_S = 60.0  # KafkaTransactionalSink's default transaction.timeout.ms, in seconds
 LOST_COMMIT_REASON = (
     "broker defect: Tansu acknowledged a transaction's commit across a stop and restart, kept "
     "its progress offsets, and then aborted its records (no COMMIT marker ever written)"
@@ -61,6 +71,7 @@ class Feeder:
     topic: str
     seed: int = 7
     truth: dict[str, Event] = field(default_factory=dict)
+    acked: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # eid -> (p, offset)
     sent: int = 0
     error: BaseException | None = None
 
@@ -83,10 +94,11 @@ class Feeder:
     def events(self, first: int, n: int) -> list[Event]:
         return [Event(f"e{i}", f"k{self._rng.randrange(KEYS)}") for i in range(first, first + n)]
 
-    def _on_delivery(self, event: Event, err: Any, _msg: Any) -> None:
+    def _on_delivery(self, event: Event, err: Any, msg: Any) -> None:
         with self._lock:
             if err is None:
                 self.truth[event.eid] = event
+                self.acked.setdefault(event.eid, []).append((msg.partition(), msg.offset()))
             else:
                 self._failed.append(event)
 
@@ -195,6 +207,7 @@ def pipeline_env(
             "MILLSTREAM_STATE_DIR": str(tmp_path / "state"),
             "MILLSTREAM_TRIGGER_MS": "300",
             "MILLSTREAM_LOG_LEVEL": "WARNING",
+            "SINK_TARGET_JOURNAL": str(tmp_path / JOURNAL),
             **extra,
         }
     )
@@ -211,6 +224,12 @@ def metric(client: Any, app: str, name: str) -> int:
     from millstream.state.keys import app_key
 
     return int(float(client.hget(app_key(app, "metrics", "relay"), name) or 0))
+
+
+def counters_of(client: Any, app: str) -> Callable[[], dict[str, int]]:
+    """The relay's counters that explain a missing production, read when called."""
+    names = ("records", "late", "duplicates", "replays", "dead_letters", "delivered")
+    return lambda: {name: metric(client, app, name) for name in names}
 
 
 def pending_productions(client: Any, app: str) -> list[Any]:
@@ -260,11 +279,17 @@ def wait_complete(
     mode: str,
     truth: dict[str, Event],
     checkpoints: Callable[[], list[Any]] | None = None,
+    journal: Path | None = None,
+    feeder: Feeder | None = None,
+    counters: Callable[[], dict[str, int]] | None = None,
 ) -> None:
     """Wait until every input's production is visible to the mode's reader.
 
     With `checkpoints` (the productions still pending in Redis), productions that never arrive
-    are reported as an expected failure when `lost_commit_evidence` shows the broker lost them.
+    are reported as an expected failure when the evidence shows the broker lost them: records
+    under an ABORT marker after an acknowledged commit (`lost_commit_evidence`), or, given the
+    sink's delivery `journal`, acknowledged records the broker does not serve or leaves without
+    a marker (`unserved_ack_evidence`).
     """
     seen: list[int] = [0]
 
@@ -274,25 +299,60 @@ def wait_complete(
         return ids >= set(truth)
 
     try:
-        pipeline.wait_for(complete, 240, f"a production for each of the {len(truth)} inputs")
+        pipeline.wait_for(
+            complete,
+            240,
+            f"a production for each of the {len(truth)} inputs",
+        )
     except AssertionError as exc:
         missing = sorted(set(truth) - set(read_output(bootstrap, topic, mode).ids))
         if checkpoints is not None:
-            evidence = lost_commit_evidence(bootstrap, topic, missing, checkpoints())
+            pending = checkpoints()
+            evidence = lost_commit_evidence(bootstrap, topic, missing, pending)
             if evidence is not None:
                 pytest.xfail(f"{LOST_COMMIT_REASON}: {evidence}")
+            if journal is not None:
+                found = unserved_ack_evidence(bootstrap, topic, missing, pending, journal, feeder)
+                if found is not None:
+                    pytest.xfail(f"{found[0]}: {found[1]}")
+        left = len(checkpoints()) if checkpoints is not None else "unknown"
+        story = raw_story(bootstrap, topic, missing[:20]) or "(none of them in the raw log)"
+        if journal is not None:
+            acked = acknowledged_offsets(journal)
+            story += "\nacknowledged by the broker (journal): " + ", ".join(
+                f"{e}@p{acked[e][0]}/{acked[e][1]}" if e in acked else f"{e}: never"
+                for e in missing[:10]
+            )
+        if counters is not None:
+            story += f"\npipeline counters: {counters()}"
+        if feeder is not None:
+            story += "\ninput acknowledged by the broker: " + ", ".join(
+                f"{e}@{feeder.acked.get(e)}" for e in missing[:10]
+            )
         raise AssertionError(
-            f"{seen[0]} of {len(truth)} inputs' productions arrived (missing {missing[:10]}); {exc}"
+            f"{seen[0]} of {len(truth)} inputs' productions arrived (missing {missing[:10]}); "
+            f"productions still checkpointed in Redis: {left}; where the first missing ones sit "
+            f"in the raw log:\n{story}\n{exc}"
         ) from None
 
 
-def _raw_partitions(bootstrap: str, topic: str) -> Iterator[list[Any]]:
-    """The raw batches of each partition of `topic`, partition 0 upwards (at most 8)."""
+def _raw_partitions(
+    bootstrap: str, topic: str, errors: list[str] | None = None
+) -> Iterator[list[Any]]:
+    """The raw batches of each partition of `topic`, partition 0 upwards (at most 8).
+
+    Stops at the first partition that does not exist; a partition that cannot be read yields
+    no batches, and the reason goes to `errors` when given.
+    """
     for partition in range(8):
         try:
             batches, _ = read_raw(bootstrap, topic, partition)
-        except Exception:
-            return
+        except KeyError:
+            return  # no such partition
+        except Exception as exc:
+            if errors is not None:
+                errors.append(f"p{partition}: {type(exc).__name__}: {exc}")
+            batches = []
         yield batches
 
 
@@ -324,11 +384,112 @@ def lost_commit_evidence(
     return f"{len(missing)} productions {missing[:10]}: records in the log under an ABORT marker"
 
 
+def acknowledged_offsets(journal: Path) -> dict[str, tuple[int, int]]:
+    """Event id -> (partition, offset) where the broker acknowledged its production, from the
+    sink's delivery journal (written only after the delivery's transaction committed)."""
+    acked: dict[str, tuple[int, int]] = {}
+    if not journal.exists():
+        return acked
+    for line in journal.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["skipped"] is None and entry["offset"] is not None:
+            acked[entry["e"]] = (entry["partition"], entry["offset"])
+    return acked
+
+
+def _served(partitions: list[list[Any]]) -> list[dict[int, str | None]]:
+    """Per partition: offset -> event id of the data record the broker serves there."""
+    return [
+        {r.offset: _event_of(bytes(r.value or b"")) for b in bs if not b.control for r in b.records}
+        for bs in partitions
+    ]
+
+
+def unserved_ack_evidence(
+    bootstrap: str,
+    topic: str,
+    missing: list[str],
+    pending: list[Any],
+    journal: Path,
+    feeder: Feeder | None = None,
+) -> tuple[str, str] | None:
+    """(reason, evidence) when the broker, not millstream, lost these productions, or None.
+
+    It holds only when no checkpoint is left in Redis and, for every missing production, one of:
+    the journal shows the offset at which the broker acknowledged it inside a committed
+    transaction, and the broker does not serve it there (UNSERVED_ACK_REASON) or serves it but
+    read_committed stops short of it at a transaction that has had neither marker for longer
+    than the transaction timeout, after which an Apache Kafka coordinator aborts it
+    (STUCK_TXN_REASON); or it was never delivered because its input never reached the pipeline:
+    the broker acknowledged every copy of the input to the `feeder` at offsets of the input
+    topic where it does not serve it (UNSERVED_ACK_REASON).
+    """
+    if pending or not missing:
+        return None
+    acked = acknowledged_offsets(journal)
+    errors: list[str] = []
+    served = _served(partitions := list(_raw_partitions(bootstrap, topic, errors)))
+    inputs = _served(list(_raw_partitions(bootstrap, feeder.topic, errors))) if feeder else []
+    if errors:
+        return None  # a partition the test could not read proves nothing
+    unserved: list[str] = []
+    stuck: dict[str, str] = {}
+    now_ms = time.time() * 1000
+    for event in missing:
+        if event not in acked:
+            copies = feeder.acked.get(event, []) if feeder is not None else []
+            lost = [(p, o) for p, o in copies if p >= len(inputs) or inputs[p].get(o) != event]
+            if not copies or lost != copies:
+                return None  # never delivered although its input is there: ours to explain
+            unserved.append(f"input {event}@{copies}")
+            continue
+        partition, offset = acked[event]
+        at = served[partition] if partition < len(served) else {}
+        if at.get(offset) != event:
+            unserved.append(f"{event}@p{partition}/{offset} (served there: {at.get(offset)})")
+            continue
+        batches = partitions[partition]
+        blocker = _open_transaction_before(batches, offset)
+        if blocker is None:
+            return None  # served and not held back: a reader problem, not the broker's
+        first, pid, created = blocker
+        if now_ms - created < (TXN_TIMEOUT_S + 5) * 1000:
+            return None  # could still be settled in time, as on Apache Kafka
+        stuck[event] = f"p{partition}: open since @{first} (producer id {pid})"
+    if unserved and not stuck:
+        return UNSERVED_ACK_REASON, (
+            f"{len(unserved)} records (productions acknowledged in a committed transaction, or "
+            f"the inputs they come from) not served at their acknowledged offsets: {unserved[:10]}"
+        )
+    if stuck and not unserved:
+        blockers = sorted(set(stuck.values()))
+        return STUCK_TXN_REASON, (
+            f"{len(stuck)} committed productions withheld behind transactions without a marker "
+            f"for over {TXN_TIMEOUT_S:.0f}s: {blockers[:5]}"
+        )
+    return None  # a mix: report it as a failure, to be looked at
+
+
+def _open_transaction_before(batches: list[Any], offset: int) -> tuple[int, int, int] | None:
+    """(first offset, producer id, create time ms) of the earliest transaction that starts
+    at or before `offset` and has no later marker of its producer: what pins the last stable offset."""
+    open_txns: dict[int, tuple[int, int]] = {}
+    for batch in batches:
+        if batch.control:
+            open_txns.pop(batch.producer_id, None)
+        elif batch.transactional and batch.producer_id not in open_txns:
+            created = min((r.timestamp for r in batch.records), default=0)
+            open_txns[batch.producer_id] = (batch.base_offset, created)
+    candidates = [(f, pid, c) for pid, (f, c) in open_txns.items() if f <= offset]
+    return min(candidates, default=None)
+
+
 def raw_story(bootstrap: str, topic: str, events: list[str]) -> str:
     """Where these events sit in the raw log: their batches and every control marker after
     them (producer id, epoch, COMMIT/ABORT), to tell a runtime defect from a broker's."""
-    lines = []
-    for partition, batches in enumerate(_raw_partitions(bootstrap, topic)):
+    lines: list[str] = []
+    errors: list[str] = []
+    for partition, batches in enumerate(_raw_partitions(bootstrap, topic, errors)):
         hits = set()
         for i, batch in enumerate(batches):
             values = [bytes(r.value or b"") for r in batch.records if not batch.control]
@@ -351,7 +512,7 @@ def raw_story(bootstrap: str, topic: str, events: list[str]) -> str:
                         f"   next marker @{later.base_offset} {kind} epoch {later.producer_epoch}"
                     )
                     break
-    return "\n".join(lines)
+    return "\n".join(lines + [f"read failed: {e}" for e in errors])
 
 
 def assert_exactly_once(

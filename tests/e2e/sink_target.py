@@ -7,13 +7,20 @@ an external sink. Configured by the environment:
 - SINK_TARGET_INPUT / SINK_TARGET_OUTPUT: input and output topics;
 - SINK_TARGET_MODE: `transactional` (KafkaTransactionalSink) or `idempotent` (KafkaIdempotentSink);
 - SINK_TARGET_BOOTSTRAP: the output's broker (default: KAFKA_BOOTSTRAP_SERVERS);
-- SINK_TARGET_TIMEOUT_S: the sink's delivery timeout (default 30).
+- SINK_TARGET_TIMEOUT_S: the sink's delivery timeout (default 30);
+- SINK_TARGET_JOURNAL: a file where every delivery the sink reports is appended as a JSON line
+  (event id, partition, offset the broker acknowledged, or why it was skipped): the evidence for
+  telling a record millstream never wrote from one the broker acknowledged and then lost.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
 
@@ -26,6 +33,45 @@ class Relay(Computation):
         count = ctx.get_state(0) + 1
         ctx.set_state(count)
         ctx.produce("out", ctx.key, {"e": body["e"], "k": ctx.key, "n": count})
+
+
+@dataclass
+class JournaledSink:
+    """Test instrumentation: delegates to `inner` and appends what each delivery reported."""
+
+    inner: Any
+    path: str
+
+    def setup(self) -> None:
+        self.inner.setup()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def deliver(self, shard: Any, productions: Sequence[Any]) -> Any:
+        report = self.inner.deliver(shard, productions)
+        lines = []
+        by_id = {p.id: p for p in productions}
+        for delivery in report.deliveries:
+            production = by_id[delivery.id]
+            entry = {
+                "e": json.loads(production.value)["e"],
+                "shard": shard.shard,
+                "seq": production.seq,
+                "partition": delivery.partition,
+                "offset": delivery.offset,
+                "skipped": delivery.skipped,
+                "t": round(time.time(), 3),  # when the delivery returned
+            }
+            lines.append(json.dumps(entry) + "\n")
+        # One write per line, O_APPEND: lines of concurrent workers never interleave.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            for line in lines:
+                os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        return report
 
 
 def topology() -> Topology:
@@ -43,14 +89,25 @@ def topology() -> Topology:
         sink = KafkaIdempotentSink(kafka, output, delivery_timeout_s=timeout)
     else:
         raise ValueError(f"SINK_TARGET_MODE={mode!r}: expected transactional or idempotent")
+    journal = os.environ.get("SINK_TARGET_JOURNAL")
+    if journal:
+        sink = JournaledSink(sink, journal)
     built = Topology(os.environ["MILLSTREAM_APP"])
     built.source(
         "events",
         kafka_source(os.environ["SINK_TARGET_INPUT"], id_header="eid"),
         max_out_of_order_ms=2000,
     )
+    # Late records are flagged and processed, not dropped: after a broker outage the feeder's
+    # retried sends carry their first timestamps and can land behind the injector watermark
+    # (counted as late either way); these tests are about delivery, not lateness.
     built.computation(
-        "relay", Relay(), inputs={"events": json_field("k")}, outputs=["out"], shards=SHARDS
+        "relay",
+        Relay(),
+        inputs={"events": json_field("k")},
+        outputs=["out"],
+        shards=SHARDS,
+        late="flag",
     )
     built.sink("out", sink)
     return built

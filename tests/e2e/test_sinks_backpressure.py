@@ -36,10 +36,12 @@ import pytest
 from millstream.state.watermarks import WatermarkAuthority
 from millstream.testing.infra import create_topic
 from tests.e2e.sink_faults import (
+    JOURNAL,
     Feeder,
     Phases,
     assert_exactly_once,
     check_plain_consumer,
+    counters_of,
     metric,
     pending_productions,
     pipeline_env,
@@ -171,6 +173,9 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
             "transactional",
             truth,
             checkpoints=lambda: pending_productions(redis_client, app),
+            journal=tmp_path / JOURNAL,
+            feeder=feeder,
+            counters=counters_of(redis_client, app),
         )
         phase("every production delivered")
         settled = metric(redis_client, app, "batches") + 3
