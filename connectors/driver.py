@@ -160,6 +160,7 @@ class ComputationRunner:
                         .option("redis.url", self.endpoints.redis_url)
                         .option("tickMs", str(max(100, self.settings.trigger_ms)))
                         .option("idleSlackMs", str(self.settings.idle_slack_ms))
+                        .option("outageGraceMs", str(self.settings.outage_grace_ms))
                         .option("maxRecordsPerTrigger", str(self.settings.max_records_per_batch))
                         .load()
                     )

@@ -32,6 +32,7 @@ OPTIONS: dict[str, str] = {
     "app": "application name: Redis key namespace of the watermark (default millstream)",
     "instance": "injector instance name for watermark publication (default: the stream)",
     "idleSlackMs": "idle partitions: watermark = now - this (default 2000)",
+    "outageGraceMs": "after the broker was unreachable, hold the idle watermark this long (15000)",
     "maxFutureMs": "a record timestamped further ahead of the clock is an error row (86400000)",
     "tickMs": "run a (possibly empty) batch at least this often (default 1000)",
     "readTimeoutMs": "fail a task that waits longer than this for its records (default 120000)",
@@ -95,6 +96,7 @@ class KafkaInjectorOptions:
     app: str = "millstream"
     instance: str = ""
     idle_slack_ms: int = 2000
+    outage_grace_ms: int = 15_000
     max_future_ms: int = 86_400_000
     tick_ms: int = 1000
     read_timeout_ms: int = 120_000
@@ -201,6 +203,7 @@ class KafkaInjectorOptions:
             app=app,
             instance=raw.get("instance", "").strip() or stream,
             idle_slack_ms=_int(raw, "idleSlackMs", 2000, 0, 30 * 86_400_000),
+            outage_grace_ms=_int(raw, "outageGraceMs", 15_000, 0, 86_400_000),
             max_future_ms=_int(raw, "maxFutureMs", 86_400_000, 0, 10 * 365 * 86_400_000),
             tick_ms=_int(raw, "tickMs", 1000, 1, 86_400_000),
             read_timeout_ms=_int(raw, "readTimeoutMs", 120_000, 100, 86_400_000),
@@ -243,6 +246,7 @@ def options_from_settings(
         "topics": topics if isinstance(topics, str) else ",".join(topics),
         "app": settings.app,
         "idleSlackMs": str(settings.idle_slack_ms),
+        "outageGraceMs": str(settings.outage_grace_ms),
         "maxRecordsPerTrigger": str(settings.max_records_per_batch),
     }
     if settings.redis_url:

@@ -14,6 +14,7 @@ from millstream.injectors._kafka_offsets import InjectorOffset, TopicPartition, 
 from millstream.injectors._kafka_options import Extractor, KafkaInjectorOptions, load_extractor
 from millstream.injectors._kafka_probe import EARLIEST, PartitionProbe, Peek
 from millstream.injectors.watermark import (
+    OutageHold,
     PartitionProgress,
     advance,
     idle_watermark,
@@ -32,6 +33,7 @@ class OffsetPlanner:
         self._probe = probe or PartitionProbe(options)
         log.info("millstream-kafka planner for %s", options.describe())
         self._known_high: dict[TopicPartition, int] = {}
+        self._hold = OutageHold(options.outage_grace_ms)
         self._targets: dict[TopicPartition, int] | None = None
         self._ts_extractor: Extractor | None = None
         if options.timestamp_extractor:
@@ -48,7 +50,13 @@ class OffsetPlanner:
     # ---------------------------------------------------------------- probing helpers
 
     def _probe_at(self, at: Mapping[TopicPartition, int]) -> dict[TopicPartition, Peek]:
-        peeks = self._probe.probe(at)
+        began = now_ms()
+        try:
+            peeks = self._probe.probe(at)
+        except Exception:
+            self._hold.observe(began, now_ms(), failed=True)
+            raise
+        self._hold.observe(began, now_ms())
         for tp, peek in peeks.items():
             self._known_high[tp] = peek.high
         return peeks
@@ -153,6 +161,7 @@ class OffsetPlanner:
             end.setdefault(tp, pos)
 
         estimate = injector_watermark(progress, now, options.idle_slack_ms)
+        estimate = self._hold.cap(estimate, now, options.idle_slack_ms)
         watermark = advance(start.watermark, estimate)
         tick = now // options.tick_ms
         moved = any(end[tp] != start.positions.get(tp) for tp in end)

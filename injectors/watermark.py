@@ -8,12 +8,17 @@ over its partitions, and a published watermark never goes back.
 
 Event time and system time follow the same rule: event time from the record's event
 timestamp (or the user's timestamp extractor), system time from the Kafka record timestamp.
+
+The idle policy is wrong right after the broker was unreachable: producers kept what they
+could not send and deliver it once the broker is back, with the timestamps of when it was
+produced. So after an outage (`OutageHold`) the idle bound stays at the outage's start minus
+the slack until a grace period after the broker answered again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from millstream.state.watermarks import Watermark
 
@@ -61,3 +66,41 @@ def advance(previous: Watermark | None, estimate: Watermark) -> Watermark:
     """Monotonic: a new estimate below the previous one (a new partition with old data, a late
     record peeked after the idle bound passed it) holds the watermark where it was."""
     return estimate if previous is None else previous.max(estimate)
+
+
+@dataclass
+class OutageHold:
+    """The planner's memory of a broker outage, for the idle policy (see the module docstring).
+
+    An outage starts with the first probe that failed or took longer than `slow_ms` (healthy
+    probes take milliseconds; a probe that escalates its fetch wait takes about 3 s) and ends
+    when a probe is answered. Until `grace_ms` after that (librdkafka producers reconnect within
+    `reconnect.backoff.max.ms`, 10 s by default), no idle bound passes `started -
+    idle_slack_ms`: records the producers held during the outage are not made late by the
+    broker's return. Another outage within the grace period extends the hold from the first
+    start. `grace_ms=0` disables the hold.
+    """
+
+    grace_ms: int
+    slow_ms: int = 5000
+    started: int | None = None  # wall ms the first failed or slow probe began
+    recovered: int | None = field(default=None)  # wall ms the broker answered again
+
+    def observe(self, began: int, ended: int, *, failed: bool = False) -> None:
+        """Record one probe: `began`/`ended` wall ms, `failed` if it raised."""
+        if failed or ended - began > self.slow_ms:
+            if self.started is None:
+                self.started = began
+            self.recovered = None if failed else ended  # slow but answered: the broker is back
+        elif self.started is not None and self.recovered is None:
+            self.recovered = began
+
+    def cap(self, estimate: Watermark, now: int, idle_slack_ms: int) -> Watermark:
+        """`estimate`, held at the outage start minus the slack while the hold lasts."""
+        if self.grace_ms <= 0 or self.started is None:
+            return estimate
+        if self.recovered is not None and now > self.recovered + self.grace_ms:
+            self.started = self.recovered = None  # the grace period is over
+            return estimate
+        bound = self.started - idle_slack_ms
+        return estimate.min(Watermark(bound, bound))

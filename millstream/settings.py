@@ -45,6 +45,11 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "2000",
         "Idle Kafka partitions: watermark follows now minus this.",
     ),
+    (
+        "MILLSTREAM_OUTAGE_GRACE_MS",
+        "15000",
+        "After Kafka was unreachable, idle partitions' watermark holds this long (0: off).",
+    ),
     ("MILLSTREAM_USER_RETRIES", "3", "Retries of user code before a record is dead-lettered."),
     (
         "MILLSTREAM_MAX_RECORD_BYTES",
@@ -198,6 +203,7 @@ class Settings:
     bloom_expected: int = 200_000
     bloom_fp_rate: float = 0.001
     idle_slack_ms: int = 2000
+    outage_grace_ms: int = 15_000
     user_retries: int = 3
     max_record_bytes: int = 1 << 20
     max_future_ms: int = 86_400_000
@@ -277,6 +283,13 @@ class Settings:
             ),
             idle_slack_ms=_parse(
                 env, "MILLSTREAM_IDLE_SLACK_MS", "2000", _bounded_int(0, 86_400_000), "milliseconds"
+            ),
+            outage_grace_ms=_parse(
+                env,
+                "MILLSTREAM_OUTAGE_GRACE_MS",
+                "15000",
+                _bounded_int(0, 86_400_000),
+                "milliseconds",
             ),
             user_retries=_parse(
                 env, "MILLSTREAM_USER_RETRIES", "3", _bounded_int(0, 100), "an integer 0-100"

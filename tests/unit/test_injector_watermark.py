@@ -6,10 +6,12 @@ the way a Kafka fetch does (high watermark + first record at or after the offset
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import pytest
 
+from millstream.errors import TransientError
 from millstream.injectors._kafka_offsets import (
     InjectorOffset,
     allocate,
@@ -22,13 +24,14 @@ from millstream.injectors._kafka_plan import OffsetPlanner
 from millstream.injectors._kafka_probe import EARLIEST, Peek
 from millstream.injectors.kafka import KafkaRange, KafkaStreamReader
 from millstream.injectors.watermark import (
+    OutageHold,
     PartitionProgress,
     advance,
     idle_watermark,
     injector_watermark,
     partition_watermark,
 )
-from millstream.state.watermarks import Watermark
+from millstream.state.watermarks import Watermark, now_ms
 
 NOW = 1_800_000_000_000
 SLACK = 2_000
@@ -74,6 +77,42 @@ def test_publication_is_monotonic() -> None:
     # A new partition with old data lowers the estimate; the watermark holds, per component.
     assert advance(first, Watermark(50, 300)) == Watermark(100, 300)
     assert advance(Watermark(100, 300), Watermark(400, 100)) == Watermark(400, 300)
+
+
+def test_outage_hold_keeps_the_idle_bound_at_the_outage_start_through_the_grace() -> None:
+    hold = OutageHold(grace_ms=15_000)
+    idle = idle_watermark(NOW, SLACK)
+    hold.observe(NOW - 10, NOW - 8)  # a healthy probe: nothing held
+    assert hold.cap(idle, NOW, SLACK) == idle
+    hold.observe(NOW, NOW + 30_000, failed=True)  # the broker is down
+    hold.observe(NOW + 30_000, NOW + 36_000)  # slow, answered: back at +36 s
+    held = Watermark(NOW - SLACK, NOW - SLACK)
+    assert hold.cap(idle_watermark(NOW + 40_000, SLACK), NOW + 40_000, SLACK) == held
+    assert hold.cap(Watermark(NOW - 5_000, NOW), NOW + 40_000, SLACK) == Watermark(
+        NOW - 5_000, NOW - SLACK
+    )  # lower estimates pass through
+    assert hold.cap(idle, NOW + 51_000, SLACK) == held  # +36 s + 15 s grace: still held
+    later = idle_watermark(NOW + 52_000, SLACK)
+    assert hold.cap(later, NOW + 52_000, SLACK) == later  # grace over
+    assert hold.started is None
+
+
+def test_outage_hold_second_outage_within_grace_keeps_the_first_start() -> None:
+    hold = OutageHold(grace_ms=15_000)
+    hold.observe(NOW, NOW + 6_000)  # slow: an outage, answered at +6 s
+    hold.observe(NOW + 10_000, NOW + 20_000, failed=True)
+    hold.observe(NOW + 20_000, NOW + 20_003)  # fast: recovered at +20 s
+    bound = NOW - SLACK
+    assert hold.cap(idle_watermark(NOW + 34_000, SLACK), NOW + 34_000, SLACK).event == bound
+
+
+def test_outage_hold_ignores_an_escalating_probe_and_can_be_disabled() -> None:
+    hold = OutageHold(grace_ms=15_000)
+    hold.observe(NOW, NOW + 3_100)  # one fetch-wait escalation: about 3 s
+    assert hold.started is None
+    off = OutageHold(grace_ms=0)
+    off.observe(NOW, NOW + 60_000, failed=True)
+    assert off.cap(idle_watermark(NOW, SLACK), NOW, SLACK) == idle_watermark(NOW, SLACK)
 
 
 # ---------------------------------------------------------------- offsets and admission
@@ -142,7 +181,7 @@ class LogProbe:
 
 def planner(log: LogProbe, **options: str) -> OffsetPlanner:
     parsed = KafkaInjectorOptions.parse(
-        {"bootstrap.servers": "localhost:9092", "topics": "t", "idleSlackMs": "2000", **options}
+        {"bootstrap.servers": "localhost:9092", "topics": "t", "idleSlackMs": "2000"} | options
     )
     return OffsetPlanner(parsed, probe=log)  # type: ignore[arg-type]
 
@@ -210,3 +249,36 @@ def test_partitions_are_one_task_per_partition_with_records() -> None:
     # t:1 has nothing new; t:2 just appeared and joins at 4 without a range to read.
     assert reader.partitions(start, end) == [KafkaRange("t", 0, 5, 8)]
     assert reader.partitions(end, end) == []
+
+
+class FlakyLogProbe(LogProbe):
+    """A LogProbe whose broker can be down: probes then fail as PartitionProbe's do."""
+
+    down = False
+
+    def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+        if self.down:
+            raise TransientError("Kafka sent no fetch response (test: broker down)")
+        return super().probe(at)
+
+
+@pytest.mark.parametrize("grace", ["15000", "0"])
+def test_records_held_by_producers_during_an_outage_are_not_late(grace: str) -> None:
+    # A producer's record created just before the broker went down is delivered after it came
+    # back, with its creation time: with the hold it is ahead of every watermark published in
+    # between; without it (grace 0) the idle policy had already passed it.
+    log = FlakyLogProbe({("t", 0): [(0, now_ms())]})
+    plan = planner(log, outageGraceMs=grace, idleSlackMs="50")
+    caught_up = plan.latest(plan.initial(), limit=None)
+    assert caught_up is not None
+    created = now_ms()  # the producer creates the record; the broker dies before it lands
+    log.down = True
+    with pytest.raises(TransientError):
+        plan.latest(caught_up, limit=None)
+    time.sleep(0.1)  # the outage lasts longer than the idle slack
+    log.down = False
+    back = plan.latest(InjectorOffset(caught_up.positions, caught_up.watermark, 0), limit=None)
+    assert back is not None
+    log.log[("t", 0)].append((1, created))  # the producer's retry lands
+    late = back.watermark.event > created
+    assert late == (grace == "0"), (back.watermark, created)
