@@ -13,6 +13,7 @@ from millstream.errors import ConfigurationError
 from millstream.injectors._kafka_offsets import InjectorOffset, TopicPartition, allocate
 from millstream.injectors._kafka_options import Extractor, KafkaInjectorOptions, load_extractor
 from millstream.injectors._kafka_probe import EARLIEST, PartitionProbe, Peek
+from millstream.injectors._kafka_watch import BrokerWatch, metadata_ping
 from millstream.injectors.watermark import (
     OutageHold,
     PartitionProgress,
@@ -34,6 +35,10 @@ class OffsetPlanner:
         log.info("millstream-kafka planner for %s", options.describe())
         self._known_high: dict[TopicPartition, int] = {}
         self._hold = OutageHold(options.outage_grace_ms)
+        self._watch: BrokerWatch | None = None
+        if probe is None and options.outage_grace_ms > 0:  # a real broker: watch it
+            ping = metadata_ping(options)
+            self._watch = BrokerWatch(self._hold, ping, name=options.stream).start()
         self._targets: dict[TopicPartition, int] | None = None
         self._ts_extractor: Extractor | None = None
         if options.timestamp_extractor:
@@ -170,4 +175,6 @@ class OffsetPlanner:
         return InjectorOffset(end, watermark, max(tick, start.tick))
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         self._probe.close()

@@ -17,6 +17,7 @@ the slack until a grace period after the broker answered again.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -85,9 +86,14 @@ class OutageHold:
     slow_ms: int = 5000
     started: int | None = None  # wall ms the first failed or slow probe began
     recovered: int | None = field(default=None)  # wall ms the broker answered again
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def observe(self, began: int, ended: int, *, failed: bool = False) -> None:
         """Record one probe: `began`/`ended` wall ms, `failed` if it raised."""
+        with self._lock:
+            self._observe(began, ended, failed)
+
+    def _observe(self, began: int, ended: int, failed: bool) -> None:
         if failed or ended - began > self.slow_ms:
             if self.started is None:
                 self.started = began
@@ -97,6 +103,10 @@ class OutageHold:
 
     def cap(self, estimate: Watermark, now: int, idle_slack_ms: int) -> Watermark:
         """`estimate`, held at the outage start minus the slack while the hold lasts."""
+        with self._lock:
+            return self._cap(estimate, now, idle_slack_ms)
+
+    def _cap(self, estimate: Watermark, now: int, idle_slack_ms: int) -> Watermark:
         if self.grace_ms <= 0 or self.started is None:
             return estimate
         if self.recovered is not None and now > self.recovered + self.grace_ms:

@@ -22,6 +22,7 @@ from millstream.injectors._kafka_offsets import (
 from millstream.injectors._kafka_options import KafkaInjectorOptions
 from millstream.injectors._kafka_plan import OffsetPlanner
 from millstream.injectors._kafka_probe import EARLIEST, Peek
+from millstream.injectors._kafka_watch import BrokerWatch
 from millstream.injectors.kafka import KafkaRange, KafkaStreamReader
 from millstream.injectors.watermark import (
     OutageHold,
@@ -113,6 +114,29 @@ def test_outage_hold_ignores_an_escalating_probe_and_can_be_disabled() -> None:
     off = OutageHold(grace_ms=0)
     off.observe(NOW, NOW + 60_000, failed=True)
     assert off.cap(idle_watermark(NOW, SLACK), NOW, SLACK) == idle_watermark(NOW, SLACK)
+
+
+def test_broker_watch_marks_an_outage_from_the_last_answered_heartbeat() -> None:
+    up = [False]
+
+    def ping() -> None:
+        if not up[0]:
+            raise ConnectionError("broker down")
+
+    hold = OutageHold(grace_ms=15_000)
+    watch = BrokerWatch(hold, ping)
+    watch.beat()  # never seen up: no outage to speak of (a broker that is not there yet)
+    assert hold.started is None
+    up[0] = True
+    watch.beat()
+    last_up = now_ms()
+    assert hold.started is None
+    up[0] = False
+    watch.beat()
+    assert hold.started is not None and hold.started <= last_up and hold.recovered is None
+    up[0] = True
+    watch.beat()
+    assert hold.recovered is not None and hold.recovered >= hold.started
 
 
 # ---------------------------------------------------------------- offsets and admission
