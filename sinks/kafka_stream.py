@@ -8,13 +8,14 @@ writing duplicates or reordering; only a re-delivery after a failed `deliver` ca
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from millstream.errors import ConfigurationError, TransientError
+from millstream.errors import ConfigurationError, MillstreamError, TransientError
 from millstream.records import Production
 from millstream.sinks._kafka import (
     Deadline,
@@ -23,6 +24,7 @@ from millstream.sinks._kafka import (
     check_topics,
     classify,
     client_config,
+    is_fenced,
     kafka_error,
     production_headers,
     resolve_topic,
@@ -120,15 +122,11 @@ class KafkaStreamSink(Sink):
                 err = kafka_error(exc)
                 if err is None:
                     raise
-                if err.fatal():
-                    _PRODUCERS.pop(self._cache_key)
-                raise classify(err, f"shard {shard}: flushing") from None
+                raise self._failure(err, f"shard {shard}: flushing") from None
         pairs = []
         for topic, production, outcome in zip(topics, productions, outcomes, strict=True):
             if isinstance(outcome, KafkaError):
-                if outcome.fatal():
-                    _PRODUCERS.pop(self._cache_key)
-                raise classify(outcome, f"shard {shard}: delivering to {topic!r}")
+                raise self._failure(outcome, f"shard {shard}: delivering to {topic!r}")
             assert outcome is not None
             partition, offset = outcome
             pairs.append(
@@ -143,6 +141,29 @@ class KafkaStreamSink(Sink):
             producer.flush(self._timeout)
 
     # ------------------------------------------------------------------------------ internals
+    def _failure(self, err: KafkaError, what: str) -> MillstreamError:
+        """The error to raise for `err`; a fatal or fenced producer is dropped first.
+
+        An idempotent producer has no transactional.id, so no other process can own it: being
+        fenced means the broker no longer accepts its producer id and epoch (seen on Tansu after
+        a restart, after librdkafka bumped the epoch on timed-out records). Kept, it would fail
+        every later delivery the same way; a new producer gets a new producer id. What it still
+        queues is purged: those productions stay checkpointed and are delivered again.
+        """
+        error = classify(err, what)
+        if not (err.fatal() or is_fenced(err)):
+            return error
+        producer = _PRODUCERS.pop(self._cache_key)
+        if producer is not None:
+            with contextlib.suppress(KafkaException, SystemError, RuntimeError):
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+        if isinstance(error, ConfigurationError):
+            return error
+        return TransientError(
+            f"{what}: {err.name()} ({err.str()}): the broker rejects this producer for good; "
+            "it was replaced, and the checkpoints are delivered again by the next one"
+        )
+
     def _producer(self) -> Producer:
         producer = _PRODUCERS.get(self._cache_key)
         if producer is None:
@@ -188,6 +209,4 @@ class KafkaStreamSink(Sink):
                 err = kafka_error(exc)
                 if err is None:
                     raise
-                if err.fatal():
-                    _PRODUCERS.pop(self._cache_key)
-                raise classify(err, f"shard {shard}: producing to {topic!r}") from None
+                raise self._failure(err, f"shard {shard}: producing to {topic!r}") from None
