@@ -85,7 +85,7 @@ class OutageHold:
     grace_ms: int
     slow_ms: int = 5000
     started: int | None = None  # wall ms the first failed or slow probe began
-    recovered: int | None = field(default=None)  # wall ms the broker answered again
+    recovered: int | None = None  # wall ms the broker answered again
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def observe(self, began: int, ended: int, *, failed: bool = False) -> None:

@@ -10,6 +10,7 @@ Header encoding (what consumers of millstream topics can rely on):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -152,6 +153,17 @@ def kafka_error(exc: BaseException | None) -> KafkaError | None:
                 other.__traceback__ = None
             return link.args[0]
     return None
+
+
+def purge_quietly(producer: Any) -> None:
+    """Drop what a producer still queues or has in flight, ignoring a broken handle.
+
+    For a producer being given up (fenced, fatal, stuck): what it holds belongs to a failed
+    delivery whose productions stay checkpointed. Not Producer.close(): on a fenced producer it
+    blocks forever (confluent-kafka 2.16); dropping the last reference destroys the handle.
+    """
+    with contextlib.suppress(KafkaException, SystemError, RuntimeError):
+        producer.purge(in_queue=True, in_flight=True, blocking=False)
 
 
 def is_fenced(err: KafkaError | None) -> bool:

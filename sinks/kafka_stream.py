@@ -8,7 +8,6 @@ writing duplicates or reordering; only a re-delivery after a failed `deliver` ca
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,6 +26,7 @@ from millstream.sinks._kafka import (
     is_fenced,
     kafka_error,
     production_headers,
+    purge_quietly,
     resolve_topic,
     static_topics,
 )
@@ -155,8 +155,7 @@ class KafkaStreamSink(Sink):
             return error
         producer = _PRODUCERS.pop(self._cache_key)
         if producer is not None:
-            with contextlib.suppress(KafkaException, SystemError, RuntimeError):
-                producer.purge(in_queue=True, in_flight=True, blocking=False)
+            purge_quietly(producer)
         if isinstance(error, ConfigurationError):
             return error
         return TransientError(

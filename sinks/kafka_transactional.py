@@ -31,7 +31,6 @@ shard's open transaction; an offset fetch is one small request with the same mea
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import logging
 import os
@@ -63,6 +62,7 @@ from millstream.sinks._kafka import (
     is_fenced,
     kafka_error,
     production_headers,
+    purge_quietly,
     resolve_topic,
     static_topics,
 )
@@ -673,11 +673,8 @@ class KafkaTransactionalSink(Sink):
 
     @staticmethod
     def _close_producer(state: _ShardProducer) -> None:
-        # Never deliver what a dropped producer still queues: it belongs to an aborted
-        # transaction. Not Producer.close(): on a fenced producer it blocks forever
-        # (confluent-kafka 2.16); dropping the last reference destroys the handle.
-        with contextlib.suppress(KafkaException, SystemError, RuntimeError):
-            state.producer.purge(in_queue=True, in_flight=True, blocking=False)
+        # Never deliver what a dropped producer still queues: it belongs to an aborted transaction.
+        purge_quietly(state.producer)
         state.in_transaction = False
 
     # ------------------------------------------------------------------------------ setup

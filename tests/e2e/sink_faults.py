@@ -299,15 +299,11 @@ def wait_complete(
         return ids >= set(truth)
 
     try:
-        pipeline.wait_for(
-            complete,
-            240,
-            f"a production for each of the {len(truth)} inputs",
-        )
+        pipeline.wait_for(complete, 240, f"a production for each of the {len(truth)} inputs")
     except AssertionError as exc:
         missing = sorted(set(truth) - set(read_output(bootstrap, topic, mode).ids))
-        if checkpoints is not None:
-            pending = checkpoints()
+        pending = checkpoints() if checkpoints is not None else None
+        if pending is not None:
             evidence = lost_commit_evidence(bootstrap, topic, missing, pending)
             if evidence is not None:
                 pytest.xfail(f"{LOST_COMMIT_REASON}: {evidence}")
@@ -315,7 +311,7 @@ def wait_complete(
                 found = unserved_ack_evidence(bootstrap, topic, missing, pending, journal, feeder)
                 if found is not None:
                     pytest.xfail(f"{found[0]}: {found[1]}")
-        left = len(checkpoints()) if checkpoints is not None else "unknown"
+        left = len(pending) if pending is not None else "unknown"
         story = raw_story(bootstrap, topic, missing[:20]) or "(none of them in the raw log)"
         if journal is not None:
             acked = acknowledged_offsets(journal)
@@ -428,7 +424,8 @@ def unserved_ack_evidence(
         return None
     acked = acknowledged_offsets(journal)
     errors: list[str] = []
-    served = _served(partitions := list(_raw_partitions(bootstrap, topic, errors)))
+    partitions = list(_raw_partitions(bootstrap, topic, errors))
+    served = _served(partitions)
     inputs = _served(list(_raw_partitions(bootstrap, feeder.topic, errors))) if feeder else []
     if errors:
         return None  # a partition the test could not read proves nothing
