@@ -19,6 +19,7 @@ import redis
 
 from millstream.connectors.backpressure import hold_while_backlogged
 from millstream.connectors.delivery import Target
+from millstream.connectors.driver_delivery import DriverDelivery
 from millstream.connectors.plan import BatchPlan, TaskInput, shard_of
 from millstream.connectors.shard_task import ERROR, ID, KEY, STREAM, VALUE, ShardResult, run_shard
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
@@ -127,6 +128,11 @@ class ComputationRunner:
             use_bloom=spec.options.use_bloom,
         )
         self.deliveries = self._deliveries()
+        self.driver_delivery = (
+            DriverDelivery(spec.name, self.shards, self.client)
+            if spec.options.delivery == "driver"
+            else None
+        )
         self.last_batch: dict[str, Any] = {}
 
     # --- wiring ------------------------------------------------------------------------------
@@ -301,6 +307,7 @@ class ComputationRunner:
             ),
             max_record_bytes=self.settings.max_record_bytes,
             max_future_ms=self.settings.max_future_ms,
+            deliver_in_task=self.driver_delivery is None,
         )
 
     def _process_batch_once(self, batch_df: Any, batch_id: int) -> None:
@@ -318,20 +325,30 @@ class ComputationRunner:
             .collect()
         )
         collected = time.perf_counter()
-        self._after_batch(batch_id, input_wm, results, time.perf_counter() - started)
+        delivery: dict[str, int] = {}
+        if self.driver_delivery is not None:
+            delivery = self.driver_delivery.deliver(plan, results)
+        delivered = time.perf_counter()
+        self._after_batch(batch_id, input_wm, results, time.perf_counter() - started, delivery)
         self.last_batch["phases"] = {
             "plan": round(planned - started, 4),
             "spark_jobs": round(collected - planned, 4),
             "shard_task_max": round(max((r.seconds for r in results), default=0.0), 4),
             "shard_task_sum": round(sum(r.seconds for r in results), 4),
-            "after": round(time.perf_counter() - collected, 4),
+            "driver_delivery": round(delivered - collected, 4),
+            "after": round(time.perf_counter() - delivered, 4),
         }
         self.client.hset(self.metrics_key, "last_batch", json.dumps(self.last_batch))
 
     def _after_batch(
-        self, batch_id: int, input_wm: Watermark, results: list[ShardResult], seconds: float
+        self,
+        batch_id: int,
+        input_wm: Watermark,
+        results: list[ShardResult],
+        seconds: float,
+        delivery: dict[str, int],
     ) -> None:
-        totals: dict[str, int] = {}
+        totals: dict[str, int] = dict(delivery)
         consumed: dict[str, dict[int, int]] = {}
         for result in results:
             for name, amount in result.counters.items():

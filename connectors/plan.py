@@ -29,6 +29,9 @@ class BatchPlan:
     # clock opens windows or timers that would never close.
     max_record_bytes: int = 1 << 20
     max_future_ms: int = 86_400_000
+    # False: shard tasks commit and hand their checkpointed productions back to the driver,
+    # which delivers and acknowledges them (ComputationOptions.delivery == "driver").
+    deliver_in_task: bool = True
 
 
 @dataclass(frozen=True)

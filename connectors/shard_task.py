@@ -49,6 +49,12 @@ class ShardResult:
     round_trips: int = 0
     fenced_retries: int = 0
     seconds: float = 0.0
+    # Delivery by the driver (BatchPlan.deliver_in_task False): the checkpointed productions
+    # still to deliver, how many of them an earlier owner left, and the lease this task
+    # committed under (token, version, next seq), which guards the driver's acknowledgement.
+    outstanding: list[Production] = field(default_factory=list)
+    redelivered: int = 0
+    lease: tuple[int, int, int] | None = None
 
 
 def header(headers: Iterable[Any] | None, name: str) -> bytes | None:
@@ -326,7 +332,11 @@ def _run_once(
 
     # 5. deliver, then 6. acknowledge
     outstanding = {p.id: p for p in [*pending, *txn.productions]}
-    if outstanding:
+    if outstanding and not plan.deliver_in_task:
+        result.outstanding = sorted(outstanding.values(), key=lambda p: p.seq)
+        result.redelivered = len(pending)
+        result.lease = store.position()
+    elif outstanding:
         try:
             delivered = deliver_all(plan, spec.name, store.keys.shard, list(outstanding.values()))
         except ConfigurationError:

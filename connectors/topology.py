@@ -48,6 +48,10 @@ class ComputationOptions:
     serde: str = "json"
     start: Literal["earliest", "latest"] = "earliest"
     use_bloom: bool = True
+    # Where strong productions are delivered after the shard commits: "driver" (one long-lived
+    # process keeps each shard's producer, so a transactional sink initialises it once) or
+    # "task" (the shard task delivers; output bandwidth scales with executors).
+    delivery: Literal["driver", "task"] = "driver"
 
     def validate(self, name: str) -> None:
         if self.productions not in ("strong", "weak"):
@@ -64,6 +68,8 @@ class ComputationOptions:
             )
         if self.start not in ("earliest", "latest"):
             raise ConfigurationError(f"computation {name!r}: start must be 'earliest' or 'latest'")
+        if self.delivery not in ("driver", "task"):
+            raise ConfigurationError(f"computation {name!r}: delivery must be 'driver' or 'task'")
 
 
 @dataclass(frozen=True)

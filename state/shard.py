@@ -285,6 +285,12 @@ class ShardStore:
         return [b for b in self._live_buckets if (b + 1) * bucket_ms <= gc_watermark]
 
     # --- 4. commit ----------------------------------------------------------------------------
+    def position(self) -> tuple[int, int, int]:
+        """(lease token, version, next production seq): enough for another process to commit
+        the acknowledgement of this owner's deliveries under its lease (`acknowledge`)."""
+        lease, _ = self._require_lease()
+        return lease.token, self._version, self._next_seq
+
     def begin(self) -> ShardTransaction:
         lease, _ = self._require_lease()
         return ShardTransaction(self.client, lease, self._version, self._next_seq)
@@ -329,3 +335,24 @@ def oldest_work(client: object, keys_list: Sequence[ShardKeys]) -> list[Watermar
             Watermark(min(events, default=NO_WORK.event), min(systems, default=NO_WORK.system))
         )
     return out
+
+
+def acknowledge(
+    client: object,
+    keys: ShardKeys,
+    position: tuple[int, int, int],
+    delivered: Sequence[Production],
+    counters: dict[str, int],
+) -> int:
+    """Delete delivered checkpoints under the lease of the owner that reported `position`.
+
+    Used by the driver, which delivers what a shard task committed: the same guarded commit a
+    task's own acknowledgement is, so a newer owner (a speculative copy, a zombie's re-run)
+    makes it raise FencedError and the checkpoints stay for that owner to deliver again.
+    """
+    token, version, next_seq = position
+    txn = ShardTransaction(client, Lease(keys, token), version, next_seq)
+    txn.ack(list(delivered))
+    for name, amount in counters.items():
+        txn.count(name, amount)
+    return txn.commit()

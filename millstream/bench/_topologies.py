@@ -57,7 +57,8 @@ def parts_config(
 def build(config: dict[str, Any]) -> Topology:
     """`config["parts"]`: computations reading the input stream, each with its output topic.
 
-    A part is `{"name", "what": "window" | "passthrough", "exactly_once", "output_topic"}`;
+    A part is `{"name", "what": "window" | "passthrough", "exactly_once", "output_topic"}` and
+    optionally `"delivery": "driver" | "task"` (also a key of the three-stage config);
     `config["kind"] == "three_stage"` builds the watermark pipeline instead.
     """
     from millstream.sinks.kafka_transactional import KafkaTransactionalSink
@@ -78,7 +79,14 @@ def build(config: dict[str, Any]) -> Topology:
             ("spike_detector", SpikeDetector(), ["model_updates"], "anomalies"),
         ]
         for name, stage, inputs, output in stages:
-            topology.computation(name, stage, inputs=inputs, outputs=[output], shards=shards)
+            topology.computation(
+                name,
+                stage,
+                inputs=inputs,
+                outputs=[output],
+                shards=shards,
+                delivery=str(config.get("delivery", "driver")),
+            )
         topology.sink("anomalies", KafkaTransactionalSink(kafka, str(config["output_topic"])))
         return topology
     for part in config["parts"]:
@@ -97,6 +105,7 @@ def build(config: dict[str, Any]) -> Topology:
             outputs=[stream],
             shards=shards,
             exactly_once=bool(part["exactly_once"]),
+            delivery=str(part.get("delivery", "driver")),
         )
         topology.sink(stream, KafkaTransactionalSink(kafka, str(part["output_topic"])))
     return topology

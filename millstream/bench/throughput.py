@@ -87,6 +87,7 @@ class Variant:
     label: str
     exactly_once: bool = True
     shards: int = 8
+    delivery: str = "driver"
 
 
 def run_millstream(
@@ -102,6 +103,7 @@ def run_millstream(
             "name": "window_counter",
             "what": "window",
             "exactly_once": variant.exactly_once,
+            "delivery": variant.delivery,
             "output_topic": new_topic(bench.kafka, f"{app}-out"),
         }
         return {
@@ -133,7 +135,7 @@ def run_millstream(
             app = str(config["app"])
             say(
                 f"{variant.label}: {events} events, exactly_once={variant.exactly_once}, "
-                f"{master}, {variant.shards} shards"
+                f"{master}, {variant.shards} shards, delivery by {variant.delivery}"
             )
             result = _follow(
                 process,
@@ -149,6 +151,7 @@ def run_millstream(
                 exactly_once=variant.exactly_once,
                 master=master,
                 shards=variant.shards,
+                delivery=variant.delivery,
                 batches=metric(client, app, "window_counter", "batches"),
                 duplicates_dropped=metric(client, app, "window_counter", "duplicates"),
                 catalog_reads=metric(client, app, "window_counter", "catalog_reads"),
@@ -229,7 +232,11 @@ def run(bench: Bench) -> dict[str, Any]:
             bench,
             topic,
             events,
-            [Variant("millstream-eo"), Variant("millstream-no-eo", exactly_once=False)],
+            [
+                Variant("millstream-eo"),
+                Variant("millstream-no-eo", exactly_once=False),
+                Variant("millstream-eo-task", delivery="task"),
+            ],
         ),
         run_quix(bench, topic, events),
         run_plain(bench, topic, events),
@@ -243,6 +250,7 @@ def run(bench: Bench) -> dict[str, Any]:
 
     ratios = {
         "millstream_eo/millstream_no_eo": ratio("millstream-no-eo"),
+        "millstream_eo/millstream_eo_task_delivery": ratio("millstream-eo-task"),
         "millstream_eo/quix": ratio("quix"),
         "millstream_eo/plain_spark": ratio("plain-spark"),
     }
