@@ -49,9 +49,10 @@ class ComputationOptions:
     start: Literal["earliest", "latest"] = "earliest"
     use_bloom: bool = True
     # Where strong productions are delivered after the shard commits: "driver" (one long-lived
-    # process keeps each shard's producer, so a transactional sink initialises it once) or
-    # "task" (the shard task delivers; output bandwidth scales with executors).
-    delivery: Literal["driver", "task"] = "driver"
+    # process keeps each shard's producer, so a transactional sink initialises it once), "task"
+    # (the shard task delivers, overlapped with other tasks; output bandwidth scales with
+    # executors) or "auto": the driver when a target keeps a producer per shard, else the task.
+    delivery: Literal["auto", "driver", "task"] = "auto"
 
     def validate(self, name: str) -> None:
         if self.productions not in ("strong", "weak"):
@@ -68,8 +69,10 @@ class ComputationOptions:
             )
         if self.start not in ("earliest", "latest"):
             raise ConfigurationError(f"computation {name!r}: start must be 'earliest' or 'latest'")
-        if self.delivery not in ("driver", "task"):
-            raise ConfigurationError(f"computation {name!r}: delivery must be 'driver' or 'task'")
+        if self.delivery not in ("auto", "driver", "task"):
+            raise ConfigurationError(
+                f"computation {name!r}: delivery must be 'auto', 'driver' or 'task'"
+            )
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,12 @@ class Sink(ABC):
     are created lazily and cached per process.
     """
 
+    # True when the sink keeps a producer per shard whose start is costly and fences the shard's
+    # previous producer (a Kafka transactional.id): computations with `delivery="auto"` then
+    # deliver from the driver, one long-lived process, instead of from whichever worker runs
+    # the shard's task.
+    keeps_shard_producers: bool = False
+
     def setup(self) -> None:  # noqa: B027 - optional hook, nothing to check by default
         """Check that the output is usable; raise ConfigurationError naming cause and fix."""
 

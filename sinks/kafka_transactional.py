@@ -180,6 +180,8 @@ class KafkaTransactionalSink(Sink):
     `delivery_timeout_s`, and never leaves a transaction open.
     """
 
+    keeps_shard_producers = True
+
     def __init__(
         self,
         kafka_config: Mapping[str, str],

@@ -58,7 +58,7 @@ def build(config: dict[str, Any]) -> Topology:
     """`config["parts"]`: computations reading the input stream, each with its output topic.
 
     A part is `{"name", "what": "window" | "passthrough", "exactly_once", "output_topic"}` and
-    optionally `"delivery": "driver" | "task"` (also a key of the three-stage config);
+    optionally `"delivery": "auto" | "driver" | "task"` (also a key of the three-stage config);
     `config["kind"] == "three_stage"` builds the watermark pipeline instead.
     """
     from millstream.sinks.kafka_transactional import KafkaTransactionalSink
@@ -85,7 +85,7 @@ def build(config: dict[str, Any]) -> Topology:
                 inputs=inputs,
                 outputs=[output],
                 shards=shards,
-                delivery=str(config.get("delivery", "driver")),
+                delivery=str(config.get("delivery", "auto")),
             )
         topology.sink("anomalies", KafkaTransactionalSink(kafka, str(config["output_topic"])))
         return topology
@@ -105,7 +105,7 @@ def build(config: dict[str, Any]) -> Topology:
             outputs=[stream],
             shards=shards,
             exactly_once=bool(part["exactly_once"]),
-            delivery=str(part.get("delivery", "driver")),
+            delivery=str(part.get("delivery", "auto")),
         )
         topology.sink(stream, KafkaTransactionalSink(kafka, str(part["output_topic"])))
     return topology

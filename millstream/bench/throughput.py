@@ -87,7 +87,7 @@ class Variant:
     label: str
     exactly_once: bool = True
     shards: int = 8
-    delivery: str = "driver"
+    delivery: str = "auto"
 
 
 def run_millstream(
