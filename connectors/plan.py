@@ -30,7 +30,7 @@ class BatchPlan:
     max_record_bytes: int = 1 << 20
     max_future_ms: int = 86_400_000
     # False: shard tasks commit and hand their checkpointed productions back to the driver,
-    # which delivers and acknowledges them (ComputationOptions.delivery == "driver").
+    # which delivers and acknowledges them (see ComputationRunner._delivers_from_driver).
     deliver_in_task: bool = True
 
 

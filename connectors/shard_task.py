@@ -1,7 +1,9 @@
 """The executor side of DESIGN.md section 2, step 3: one shard of one micro-batch.
 
 acquire -> dedup -> run user code per key (records, then due timers) -> one guarded commit
--> deliver checkpointed productions -> acknowledge them in a second guarded commit.
+-> deliver checkpointed productions -> acknowledge them in a second guarded commit. When the
+driver delivers (`BatchPlan.deliver_in_task` False) the task stops after the first commit and
+returns the checkpoints with its lease (`connectors/driver_delivery.py`).
 """
 
 from __future__ import annotations

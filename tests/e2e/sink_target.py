@@ -42,6 +42,11 @@ class JournaledSink:
     inner: Any
     path: str
 
+    @property
+    def keeps_shard_producers(self) -> bool:
+        """Delivered where the wrapped sink would be: the driver for a transactional sink."""
+        return bool(getattr(self.inner, "keeps_shard_producers", False))
+
     def setup(self) -> None:
         self.inner.setup()
 
