@@ -31,6 +31,13 @@ measured):
   excluded (shown apart). millstream runs after a warm-up application in the same Spark
   session; the plain Spark baseline also counts a warm-up topic first. Quix Streams commits
   every 1 s in the throughput runs and every 0.2 s (millstream's trigger) in the latency runs.
+  Each system runs 3 times and is reported by its median run, every repeat's rate beside it
+  (the millstream variants interleaved in one process). `millstream-eo-task` is exactly-once
+  with the shard tasks delivering to the transactional sink, `millstream-eo` with the driver
+  delivering (the default for that sink): their ratio is what delivery by the driver gives.
+- Watermarks: the default (`delivery="auto"`: the shard tasks deliver the internal streams, the
+  driver the transactional sink's stream), then the same pipeline with every stage delivering
+  from the driver.
 - Record latency: produce -> visible to a `read_committed` consumer (computed live from the
   raw log and its transaction markers). The exactly-once and `exactly_once=False`
   pass-throughs run as two queries of one pipeline process, side by side on the same input;
