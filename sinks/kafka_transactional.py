@@ -165,7 +165,7 @@ class _ShardProducers:
 
 
 _SHARDS = _ShardProducers()
-_SETUP_DONE: set[tuple[int, Any]] = set()
+_SETUP_DONE: set[tuple[Any, ...]] = set()
 _SETUP_LOCK = threading.Lock()
 
 
@@ -228,15 +228,21 @@ class KafkaTransactionalSink(Sink):
     # ------------------------------------------------------------------------------ lifecycle
     def setup(self) -> None:
         """Fail fast on: missing output topics, no progress topic, transactions unavailable."""
+        # Once per process for this configuration and these topics: another sink with the same
+        # Kafka settings but other output topics must still have its topics checked.
+        done = (os.getpid(), self._cache_key, self._progress_topic, *sorted(self._static_topics()))
         with _SETUP_LOCK:
-            if (os.getpid(), self._cache_key) in _SETUP_DONE:
+            if done in _SETUP_DONE:
                 return
-        check_topics(self._connection, static_topics(self._topic_for), self._metadata_timeout)
-        self._checked.update(static_topics(self._topic_for))
+        check_topics(self._connection, self._static_topics(), self._metadata_timeout)
+        self._checked.update(self._static_topics())
         self._ensure_progress_topic()
         self._probe_transactions()
         with _SETUP_LOCK:
-            _SETUP_DONE.add((os.getpid(), self._cache_key))
+            _SETUP_DONE.add(done)
+
+    def _static_topics(self) -> set[str]:
+        return set(static_topics(self._topic_for))
 
     def deliver(self, shard: ShardRef, productions: Sequence[Production]) -> DeliveryReport:
         if not productions:
