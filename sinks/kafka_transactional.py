@@ -230,19 +230,17 @@ class KafkaTransactionalSink(Sink):
         """Fail fast on: missing output topics, no progress topic, transactions unavailable."""
         # Once per process for this configuration and these topics: another sink with the same
         # Kafka settings but other output topics must still have its topics checked.
-        done = (os.getpid(), self._cache_key, self._progress_topic, *sorted(self._static_topics()))
+        topics = static_topics(self._topic_for)
+        done = (os.getpid(), self._cache_key, self._progress_topic, *topics)
         with _SETUP_LOCK:
             if done in _SETUP_DONE:
                 return
-        check_topics(self._connection, self._static_topics(), self._metadata_timeout)
-        self._checked.update(self._static_topics())
+        check_topics(self._connection, topics, self._metadata_timeout)
+        self._checked.update(topics)
         self._ensure_progress_topic()
         self._probe_transactions()
         with _SETUP_LOCK:
             _SETUP_DONE.add(done)
-
-    def _static_topics(self) -> set[str]:
-        return set(static_topics(self._topic_for))
 
     def deliver(self, shard: ShardRef, productions: Sequence[Production]) -> DeliveryReport:
         if not productions:
