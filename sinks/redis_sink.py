@@ -7,16 +7,19 @@ order and any number of times, leaves every key at its newest value.
 
 Layout of `{prefix}{key}` (a hash): `v` value, `sys` system time, `ts` event time, `seq`, `id`.
 Read the value with `HGET key v`.
+
+Single node or Redis Cluster (told apart by `millstream.state.client.connect`). Each upsert
+touches one key, so no write spans hash slots and no MULTI is needed: exactly-once rests on
+the version check alone, and a delivery cut short on some nodes is simply delivered again.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from millstream.errors import ConfigurationError, TransientError
 from millstream.records import Production
@@ -29,8 +32,9 @@ from millstream.sinks.base import (
     ShardRef,
     Sink,
 )
+from millstream.state.client import RedisClient, connect
 
-_CLIENTS: ProcessCache[redis.Redis] = ProcessCache()
+_CLIENTS: ProcessCache[RedisClient] = ProcessCache()
 
 
 class RedisSink(Sink):
@@ -39,7 +43,8 @@ class RedisSink(Sink):
     Versions compare by `order_by` time ("system_time": checkpoint order, the default; or
     "event_time": the latest event wins), then seq, then id. Across shards the time decides,
     so clocks matter only for writes to one key from different shards within a millisecond.
-    Give `redis_url` (picklable, so the sink can travel to Spark executors) or `client`.
+    Give `redis_url` (picklable, so the sink can travel to Spark executors) or `client`; a
+    Redis Cluster URL works as is.
     """
 
     # KEYS[1] value hash; ARGV[1] value, [2] system time, [3] event time, [4] seq, [5] id,
@@ -61,12 +66,13 @@ redis.call('HSET', KEYS[1], 'v', ARGV[1], 'sys', ARGV[2], 'ts', ARGV[3], 'seq', 
 if tonumber(ARGV[6]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[6]) end
 return 1
 """
+    UPSERT_SHA = hashlib.sha1(LUA_UPSERT.encode()).hexdigest()
 
     def __init__(
         self,
         redis_url: str | None = None,
         *,
-        client: redis.Redis | None = None,
+        client: RedisClient | None = None,
         prefix: str = "",
         key_for: Callable[[Production], str] | None = None,
         order_by: Literal["system_time", "event_time"] = "system_time",
@@ -84,7 +90,6 @@ return 1
         self._key_for = key_for
         self._primary = "sys" if order_by == "system_time" else "ts"
         self._ttl_ms = ttl_ms
-        self._script: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         if self._client is not None:
@@ -92,31 +97,28 @@ return 1
                 "a RedisSink built with client= cannot be shipped to Spark executors: "
                 "build it with redis_url= instead"
             )
-        return {**self.__dict__, "_script": None}
+        return dict(self.__dict__)
 
     def setup(self) -> None:
-        """Fail fast when Redis is unreachable or refuses scripts."""
+        """Fail fast when Redis is unreachable or refuses scripts; load the upsert script
+        (on every primary of a Cluster)."""
         try:
-            self._redis().ping()
-            self._upsert_script()
-        except redis.RedisError as exc:
+            client = self._redis()
+            client.ping()
+            client.script_load(self.LUA_UPSERT)
+        except (redis.RedisError, TransientError) as exc:
             raise ConfigurationError(
                 f"Redis for the sink is unusable ({exc}): check the URL, that Redis runs, and "
-                "that the user may run EVALSHA, HSET, HMGET and PEXPIRE"
+                "that the user may run SCRIPT LOAD, EVALSHA, HSET, HMGET and PEXPIRE"
             ) from None
 
     def deliver(self, shard: ShardRef, productions: Sequence[Production]) -> DeliveryReport:
         if not productions:
             return DeliveryReport(shard)
         client = self._redis()
-        script = self._upsert_script()
         keys = [self._key(p) for p in productions]
-        pipe = client.pipeline(transaction=False)
-        for key, p in zip(keys, productions, strict=True):
-            args = [p.value, p.system_time, p.timestamp, p.seq, p.id, self._ttl_ms, self._primary]
-            script(keys=[key], args=args, client=pipe)
         try:
-            results = pipe.execute()
+            results = self._upsert(client, keys, productions)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise TransientError(
                 f"shard {shard}: Redis sink unavailable ({exc}); retry later"
@@ -145,25 +147,44 @@ return 1
             return self._key_for(production)
         return f"{self._prefix}{production.key}"
 
-    def _redis(self) -> redis.Redis:
+    def _upsert(
+        self, client: RedisClient, keys: list[str], productions: Sequence[Production]
+    ) -> list[Any]:
+        """One pipelined EVALSHA per production; a Cluster pipeline sends each node its share.
+
+        A node without the script (a restart, a failover, SCRIPT FLUSH) answers NOSCRIPT: load
+        it again (on every primary) and run just those upserts once more. EVALSHA goes through
+        `execute_command` because redis-py's Cluster pipeline blocks its `evalsha` method only
+        for fear of missing scripts (redis-py #2914, lifted by #4206).
+        """
+        results: list[Any] = [None] * len(keys)
+        pending = list(range(len(keys)))
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            for i in pending:
+                p = productions[i]
+                args = (p.value, p.system_time, p.timestamp, p.seq, p.id, self._ttl_ms)
+                pipe.execute_command("EVALSHA", self.UPSERT_SHA, 1, keys[i], *args, self._primary)
+            missing = []
+            for i, result in zip(pending, pipe.execute(raise_on_error=False), strict=True):
+                if isinstance(result, redis.exceptions.NoScriptError) and attempt == 0:
+                    missing.append(i)
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    results[i] = result
+            if not missing:
+                break
+            client.script_load(self.LUA_UPSERT)
+            pending = missing
+        return results
+
+    def _redis(self) -> RedisClient:
         if self._client is not None:
             return self._client
         assert self._url is not None
         client = _CLIENTS.get(self._url)
         if client is None:
-            retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3)
-            client = _CLIENTS.put(
-                self._url,
-                redis.Redis.from_url(
-                    self._url,
-                    retry=retry,
-                    retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-                    socket_timeout=10,
-                ),
-            )
+            # Its own client, not the state layer's shared one: close() closes it.
+            client = _CLIENTS.put(self._url, connect(self._url, cached=False))
         return client
-
-    def _upsert_script(self) -> Any:
-        if self._script is None:
-            self._script = self._redis().register_script(self.LUA_UPSERT)
-        return self._script
