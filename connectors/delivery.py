@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.connectors.plan import BatchPlan
+from millstream.fault_points import fault_point
 from millstream.records import Production
 from millstream.state.client import connect
 from millstream.state.watermarks import Watermark, WatermarkAuthority
-from millstream.testing._crash import crash_point
 
 _SINKS: dict[tuple[str, str, str, int], Any] = {}
 _LOCK = threading.Lock()
@@ -57,9 +57,9 @@ def deliver_all(
     for stream, items in by_stream.items():
         targets = plan.deliveries.get(stream, ())
         for target in targets:  # type: ignore[attr-defined]
-            crash_point("after_redis_commit")  # test-only; a no-op unless the test asks
+            fault_point("after_redis_commit")  # a no-op unless a test installed a hook
             report = _sink(plan, computation, stream, target).deliver(ref, items)
-            crash_point("after_kafka_commit")
+            fault_point("after_kafka_commit")
             if stream in plan.in_flight_streams and target.index == 0:
                 _record_in_flight(plan, stream, report)
         delivered.extend(items)

@@ -52,6 +52,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from millstream.errors import ConfigurationError, FencedError, MillstreamError, TransientError
+from millstream.fault_points import fault_point
 from millstream.records import Production
 from millstream.sinks._kafka import (
     Deadline,
@@ -74,7 +75,6 @@ from millstream.sinks.base import (
     ShardRef,
     Sink,
 )
-from millstream.testing._crash import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ class KafkaTransactionalSink(Sink):
 
     def _before_commit(self, shard: ShardRef) -> None:
         """Fault-injection point for tests: records are acknowledged, progress not yet sent."""
-        crash_point("before_kafka_commit")  # MILLSTREAM_TEST_CRASH_AT; a no-op otherwise
+        fault_point("before_kafka_commit")  # a no-op unless a test installed a hook
 
     def _produce(
         self,

@@ -12,6 +12,11 @@ Never set these in production. Read once per process from the environment (not t
   followed by `CRASH <point> <count>`, written and fsynced before the kill, so a test can tell
   a crash at the point from any other death.
 
+The runtime does not import this module: it calls `millstream.fault_points.fault_point`, and
+`crash_point` is the hook it runs there once `MILLSTREAM_TEST_FAULT_HOOK` names it
+(`with_crash_hook(env)` adds that to a pipeline's environment when it asks for a crash;
+`PipelineProcess` does so).
+
 Points (see `connectors/delivery.py` and `sinks/kafka_transactional.py`):
 
 - `after_redis_commit`: productions are checkpointed in Redis; the sink was not called yet.
@@ -28,11 +33,15 @@ import fcntl
 import os
 import signal
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+
+from millstream.fault_points import ENV_HOOK
 
 POINTS = ("after_redis_commit", "before_kafka_commit", "after_kafka_commit")
 ENV_AT = "MILLSTREAM_TEST_CRASH_AT"
 ENV_FILE = "MILLSTREAM_TEST_CRASH_FILE"
+HOOK = "millstream.testing._crash:crash_point"  # MILLSTREAM_TEST_FAULT_HOOK naming crash_point
 
 _Spec = tuple[str, int, Path]
 _spec: list[_Spec | None] = []  # [(point, n, file) or None] once read: read once per process
@@ -52,13 +61,25 @@ def _read_spec() -> _Spec | None:
     return point, int(count or 1), Path(path) if path else default_crash_file(os.getsid(0))
 
 
+def with_crash_hook(env: Mapping[str, str]) -> dict[str, str]:
+    """`env`, plus the fault hook that runs `crash_point` when it sets MILLSTREAM_TEST_CRASH_AT.
+
+    Every process of a pipeline started with the result (driver, Spark's Python workers)
+    installs the hook at its first fault point.
+    """
+    out = dict(env)
+    if out.get(ENV_AT, "").strip():
+        out.setdefault(ENV_HOOK, HOOK)
+    return out
+
+
 def default_crash_file(session_id: int) -> Path:
     """Where the counter goes when MILLSTREAM_TEST_CRASH_FILE is unset, for a session id."""
     return Path(tempfile.gettempdir()) / f"millstream-crash-{session_id}"
 
 
 def crash_point(point: str) -> None:
-    """Called by the runtime at `point`; does nothing unless MILLSTREAM_TEST_CRASH_AT names it."""
+    """The fault hook: does nothing unless MILLSTREAM_TEST_CRASH_AT names `point`."""
     if not _spec:
         _spec.append(_read_spec())
     spec = _spec[0]

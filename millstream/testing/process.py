@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from millstream.testing._crash import kill_session, session_members
+from millstream.testing._crash import kill_session, session_members, with_crash_hook
 
 __all__ = ["MemberMemory", "PipelineProcess"]
 
@@ -67,14 +67,18 @@ class PipelineProcess:
 
     # ------------------------------------------------------------------------------ lifecycle
     def start(self, env: Mapping[str, str] | None = None) -> None:
-        """Start (again); `env` replaces the environment given at construction for this run."""
+        """Start (again); `env` replaces the environment given at construction for this run.
+
+        An environment that asks for a crash point (MILLSTREAM_TEST_CRASH_AT) also gets the fault
+        hook that makes every process of the pipeline honour it.
+        """
         if self.alive():
             raise RuntimeError(f"the pipeline (pid {self.pid}) is still running")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
-                env=dict(env if env is not None else self.env),
+                env=with_crash_hook(env if env is not None else self.env),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.cwd,

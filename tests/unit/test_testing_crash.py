@@ -1,4 +1,8 @@
-"""The test-only crash points (`millstream.testing._crash`) and the backpressure setting."""
+"""The test-only crash points (`millstream.testing._crash`) and the backpressure setting.
+
+The "pipeline" below calls the product's `fault_point`, as the runtime does; the crash hook
+reaches it only through the environment `with_crash_hook` builds, as in real pipelines.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +17,13 @@ import pytest
 
 from millstream.errors import ConfigurationError
 from millstream.settings import Settings
-from millstream.testing._crash import session_members
+from millstream.testing._crash import session_members, with_crash_hook
 
 # A "pipeline": a session leader with a child in the same session, hitting crash points.
 SCRIPT = textwrap.dedent(
     """
     import subprocess, sys
-    from millstream.testing._crash import crash_point
+    from millstream.fault_points import fault_point
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"],
         stdout=subprocess.DEVNULL,
@@ -27,10 +31,10 @@ SCRIPT = textwrap.dedent(
     )
     print("CHILD", child.pid, flush=True)
     try:
-        crash_point("after_kafka_commit")  # another point: not counted
-        crash_point("after_redis_commit")
+        fault_point("after_kafka_commit")  # another point: not counted
+        fault_point("after_redis_commit")
         print("HIT 1", flush=True)
-        crash_point("after_redis_commit")
+        fault_point("after_redis_commit")
         print("SURVIVED", flush=True)
     finally:
         child.kill()
@@ -42,7 +46,7 @@ SCRIPT = textwrap.dedent(
 def _run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", SCRIPT],
-        env={**os.environ, **env},
+        env=with_crash_hook({**os.environ, **env}),
         capture_output=True,
         text=True,
         timeout=60,
