@@ -26,8 +26,8 @@ from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.serde import serde_named
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
 from millstream.errors import ConfigurationError, FencedError, MillstreamError
+from millstream.headers import HEADER_ID, HEADER_SYSTEM_TIME, decode_time_header
 from millstream.records import Production, Record, Timer
-from millstream.sinks._kafka import HEADER_ID, HEADER_SYSTEM_TIME, decode_time_header
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardStore, Verdict

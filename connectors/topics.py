@@ -9,7 +9,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import NewTopic
 
 from millstream.errors import ConfigurationError, TransientError
-from millstream.sinks._kafka import admin_metadata
+from millstream.kafka_admin import admin_metadata
 
 # Explicit retention: some clients fail on topics whose config lacks it (INFRA.md).
 TOPIC_CONFIG = {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"}

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from millstream.errors import ConfigurationError
-from millstream.sinks._kafka import HEADER_ID
+from millstream.headers import HEADER_ID
 
 M = TypeVar("M")
 

@@ -15,17 +15,15 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from millstream.errors import ConfigurationError, MillstreamError, TransientError
+from millstream.headers import production_headers
+from millstream.kafka_admin import check_topics
+from millstream.kafka_errors import classify, is_fenced, kafka_error
 from millstream.records import Production
 from millstream.sinks._kafka import (
     Deadline,
     ProcessCache,
     TopicFor,
-    check_topics,
-    classify,
     client_config,
-    is_fenced,
-    kafka_error,
-    production_headers,
     purge_quietly,
     resolve_topic,
     static_topics,
@@ -44,7 +42,7 @@ class KafkaStreamSink(Sink):
 
     `topic_for` maps a production's stream to a topic: a topic name, a dict, or a function.
     Records: key = production key (UTF-8), value, timestamp = event time, headers `ms-id`,
-    `ms-system-time`, `ms-event-time` (see `millstream.sinks._kafka`). Partitioning uses
+    `ms-system-time`, `ms-event-time` (see `millstream.headers`). Partitioning uses
     `murmur2_random`, the Java client's default, so keyed records land where Java producers
     would put them. `deliver` waits until every record is acknowledged by all in-sync replicas,
     or raises TransientError once `delivery_timeout_s` has passed.

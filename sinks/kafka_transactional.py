@@ -53,16 +53,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from millstream.errors import ConfigurationError, FencedError, MillstreamError, TransientError
 from millstream.fault_points import fault_point
+from millstream.headers import production_headers
+from millstream.kafka_admin import check_topics
+from millstream.kafka_errors import classify, is_fenced, kafka_error
 from millstream.records import Production
 from millstream.sinks._kafka import (
     Deadline,
     TopicFor,
-    check_topics,
-    classify,
     client_config,
-    is_fenced,
-    kafka_error,
-    production_headers,
     purge_quietly,
     resolve_topic,
     static_topics,

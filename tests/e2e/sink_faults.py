@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from millstream.sinks._kafka import HEADER_ID
+from millstream.headers import HEADER_ID
 from millstream.sinks.dedup_reader import DedupReader
 from millstream.state.keys import ShardKeys
 from millstream.state.wire import decode_production

@@ -35,7 +35,7 @@ from millstream import (
     kafka_source,
     logfile_source,
 )
-from millstream.sinks._kafka import HEADER_ID
+from millstream.headers import HEADER_ID
 from millstream.state.watermarks import WatermarkAuthority
 from tests.e2e.conftest import metric, read_topic, shard_states, wait_until
 

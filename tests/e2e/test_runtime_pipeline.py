@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
-from millstream.sinks._kafka import HEADER_ID
+from millstream.headers import HEADER_ID
 from millstream.sinks.kafka_transactional import KafkaTransactionalSink
 from millstream.testing.committed_reader import read_committed
 from tests.e2e.conftest import metric, shard_states, wait_until

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Producer
 
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
-from millstream.sinks._kafka import HEADER_ID
+from millstream.headers import HEADER_ID
 from millstream.state.client import connect
 from tests.e2e.conftest import metric, read_topic, shard_states, wait_until
 

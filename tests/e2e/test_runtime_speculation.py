@@ -300,7 +300,7 @@ def test_real_spark_speculation_zombie_is_fenced(
 ) -> None:
     from confluent_kafka import Producer
 
-    from millstream.sinks._kafka import HEADER_ID
+    from millstream.headers import HEADER_ID
     from millstream.state.keys import ShardKeys
     from tests.e2e.conftest import read_topic, shard_states
 

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 
 from millstream import Computation, Context, Record, Timer, Topology, json_field, kafka_source
-from millstream.sinks._kafka import HEADER_ID
+from millstream.headers import HEADER_ID
 from millstream.state.keys import ShardKeys
 from millstream.state.watermarks import WatermarkAuthority, now_ms
 from tests.e2e.conftest import read_topic, shard_states, wait_until

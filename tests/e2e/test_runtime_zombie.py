@@ -27,10 +27,10 @@ from millstream.connectors.driver import ComputationRunner, Endpoints, _route
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.shard_task import run_shard
 from millstream.connectors.topics import ensure_topics
+from millstream.headers import HEADER_ID
 from millstream.injectors.sources import kafka_source
 from millstream.records import Production, TimeDomain
 from millstream.settings import Settings
-from millstream.sinks._kafka import HEADER_ID
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict

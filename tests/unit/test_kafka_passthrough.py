@@ -20,8 +20,8 @@ from millstream.connectors.topics import ensure_topics
 from millstream.demo.worker import topology_from
 from millstream.errors import ConfigurationError
 from millstream.injectors._kafka_options import KafkaInjectorOptions, options_from_settings
+from millstream.kafka_admin import redact
 from millstream.settings import Settings
-from millstream.sinks._kafka import redact
 from millstream.sinks.kafka_stream import KafkaStreamSink
 from millstream.sinks.kafka_transactional import KafkaTransactionalSink
 from tests.secrets import KAFKA_SASL_PASSWORD, MARKER

@@ -8,14 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from millstream.errors import ConfigurationError
+from millstream.headers import decode_time_header, encode_time, production_headers
 from millstream.records import Production
-from millstream.sinks._kafka import (
-    client_config,
-    decode_time_header,
-    encode_time,
-    production_headers,
-    resolve_topic,
-)
+from millstream.sinks._kafka import client_config, resolve_topic
 from millstream.sinks.base import (
     SKIPPED_DELIVERED,
     Delivery,
