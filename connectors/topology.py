@@ -14,6 +14,7 @@ from typing import Any, Literal
 from millstream.connectors.computation import Computation
 from millstream.connectors.serde import SERDES
 from millstream.errors import ConfigurationError
+from millstream.injectors.sources import Source
 
 KeyExtractor = Callable[[bytes | None, bytes], str]
 DEAD_LETTERS = "dead-letters"
@@ -73,15 +74,6 @@ class ComputationOptions:
             raise ConfigurationError(
                 f"computation {name!r}: delivery must be 'auto', 'driver' or 'task'"
             )
-
-
-@dataclass(frozen=True)
-class Source:
-    """An injector feeding a stream: a Spark data source format plus its options."""
-
-    name: str
-    format: str
-    options: Mapping[str, str]
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from millstream.injectors.schema import INJECTED_SCHEMA
-from millstream.injectors.sources import kafka_source, logfile_source
+from millstream.injectors.sources import Source, kafka_source, logfile_source
 
-__all__ = ["INJECTED_SCHEMA", "kafka_source", "logfile_source", "register"]
+__all__ = ["INJECTED_SCHEMA", "Source", "kafka_source", "logfile_source", "register"]
 
 
 def register(spark: Any) -> None:

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
-
-from millstream.connectors.topology import Source
 
 KAFKA_FORMAT = "millstream-kafka"
 LOGFILE_FORMAT = "millstream-logfile"
+
+
+@dataclass(frozen=True)
+class Source:
+    """An injector feeding a stream: a Spark data source format plus its options.
+
+    Built by `kafka_source` / `logfile_source` (or by hand for another registered format) and
+    given to `Topology.source`; the runtime reads the stream with `spark.readStream.format()`.
+    """
+
+    name: str
+    format: str
+    options: Mapping[str, str]
 
 
 def _options(options: dict[str, Any]) -> dict[str, str]:

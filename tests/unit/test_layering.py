@@ -4,6 +4,8 @@
   `state/` or the top-level `millstream/*.py` imports `millstream.testing` or `tests`. Faults
   reach the product through `millstream.fault_points`, installed from outside.
 - A layer uses another layer's public modules only, never its `_private` ones.
+- The runtime (`connectors/`) is built on the injectors, sinks and state, never the other way
+  round: they do not import `millstream.connectors`.
 """
 
 from __future__ import annotations
@@ -90,4 +92,16 @@ def test_layers_use_only_each_others_public_modules() -> None:
                 rest = name[len(other) + 1 :].split(".")
                 if rest[0].startswith("_"):
                     offenders.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_only_the_runtime_imports_the_runtime() -> None:
+    runtime = LAYERS["connectors"]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for package, path in product_modules()
+        if package in (LAYERS["injectors"], LAYERS["sinks"], LAYERS["state"])
+        for line, name in imported_names(package, path)
+        if _within(name, runtime)
+    ]
     assert offenders == [], "\n".join(offenders)
