@@ -8,8 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from millstream.connectors.serde import Serde, encode_value
-from millstream.errors import ConfigurationError
+from millstream.errors import ConfigurationError, TimestampContractError
 from millstream.records import Production, Record, TimeDomain, Timer
+from millstream.state.watermarks import UNKNOWN
 
 _MISSING = object()
 
@@ -32,6 +33,9 @@ class Context:
         timestamp: int,
         outputs: frozenset[str],
         new_id: Callable[[], bytes] = lambda: uuid.uuid4().bytes,
+        cause: str = "the record",
+        allowed_skew_ms: int = 0,
+        output_watermark: int = UNKNOWN,
     ) -> None:
         self.key = key
         self.low_watermark = low_watermark
@@ -41,10 +45,18 @@ class Context:
         self._value: Any = _MISSING
         self._dirty = False
         self._encoded: tuple[bool, bytes | None] | None = None
+        # The timestamp contract: productions are stamped no earlier than their cause (the
+        # record's timestamp, or the timer's output time), less the computation's allowed skew.
         self._timestamp = timestamp
+        self._cause = cause
+        self._skew = allowed_skew_ms
+        # This computation's low watermark as its consumers last saw it: a hold at or after it
+        # can still be honoured; one before it cannot (watermarks never go back).
+        self._output_watermark = output_watermark
         self._outputs = outputs
         self._new_id = new_id
-        self.timer_ops: dict[str, tuple[TimeDomain, int] | None] = {}
+        # tag -> (domain, time, hold) to set, or None to delete
+        self.timer_ops: dict[str, tuple[TimeDomain, int, int | None] | None] = {}
         self.productions: list[Production] = []
 
     # --- state -------------------------------------------------------------------------------
@@ -79,16 +91,44 @@ class Context:
         return self._encoded
 
     # --- timers ------------------------------------------------------------------------------
-    def set_timer(self, tag: str, time: int, domain: str | TimeDomain = TimeDomain.EVENT) -> None:
+    def set_timer(
+        self,
+        tag: str,
+        time: int,
+        domain: str | TimeDomain = TimeDomain.EVENT,
+        *,
+        hold: int | None = None,
+    ) -> None:
         """Fire `process_timer` once when the clock of `domain` reaches `time` (ms).
 
         event: when the input low watermark passes `time`; wall: when the wall clock does.
-        Setting a tag again moves the timer.
+        Setting a tag again moves the timer (and replaces its hold).
+
+        `hold` (event timers): until the timer fires or is deleted, this computation's low
+        watermark stays at or below `hold`, so the firing may produce records stamped at
+        `hold` or later (a window result stamped at the window's start) without their being
+        late downstream. It must be at or before `time`, and at or after this computation's
+        published low watermark (always true for a hold at or after an on-time record's
+        timestamp, or at a hold the same timer already had).
         """
         parsed = TimeDomain.parse(domain)
         if not isinstance(time, int) or isinstance(time, bool):
             raise TypeError(f"timer time must be int milliseconds, got {type(time).__name__}")
-        self.timer_ops[str(tag)] = (parsed, time)
+        if hold is not None:
+            if parsed is not TimeDomain.EVENT:
+                raise ValueError(f"timer {tag!r}: hold= applies to event-time timers only")
+            if not isinstance(hold, int) or isinstance(hold, bool):
+                raise TypeError(f"timer hold must be int milliseconds, got {type(hold).__name__}")
+            if hold > time:
+                raise ValueError(f"timer {tag!r}: hold {hold} is after the timer's time {time}")
+            if hold < self._output_watermark:
+                raise TimestampContractError(
+                    f"timer {tag!r}: hold {hold} is behind this computation's low watermark "
+                    f"{self._output_watermark}, which its consumers have already seen: output "
+                    f"stamped there would be late downstream. Hold at {self._output_watermark} "
+                    f"or later (e.g. at the record's timestamp)"
+                )
+        self.timer_ops[str(tag)] = (parsed, time, hold)
 
     def delete_timer(self, tag: str) -> None:
         self.timer_ops[str(tag)] = None
@@ -97,13 +137,26 @@ class Context:
     def produce(
         self, stream: str, key: str, value: bytes | str | Any, timestamp: int | None = None
     ) -> None:
-        """Emit a record to `stream`; delivered after this key's effects are committed."""
+        """Emit a record to `stream`; delivered after this key's effects are committed.
+
+        `timestamp` defaults to the cause's (the record's, or the timer's output time) and may
+        not be earlier than it (MillWheel 4.5): an earlier one would be behind this
+        computation's low watermark, late for every consumer. Raises TimestampContractError.
+        """
         if stream not in self._outputs:
             raise ConfigurationError(
                 f"produce() to undeclared stream {stream!r}: add it to this computation's "
                 f"outputs (declared: {sorted(self._outputs)})"
             )
         ts = self._timestamp if timestamp is None else int(timestamp)
+        if ts < self._timestamp - self._skew:
+            raise TimestampContractError(
+                f"produce() to {stream!r} stamped {ts}, earlier than its cause ({self._cause}, "
+                f"at {self._timestamp}) by {self._timestamp - ts} ms (allowed skew "
+                f"{self._skew} ms): downstream it would be late. Stamp it at or after "
+                f"{self._timestamp - self._skew}, or set the timer with hold=<earlier time> "
+                f"to hold the watermark there"
+            )
         self.productions.append(
             Production(
                 stream=stream,

@@ -301,6 +301,7 @@ class ComputationRunner:
 
     def batch_plan(self, batch_id: int, input_wm: Watermark) -> BatchPlan:
         """What every shard task of this batch needs to know, shipped to the executors."""
+        output_wm = self.authority.published(self.spec.name) or NONE_KNOWN
         return BatchPlan(
             app=self.topology.app,
             batch_id=batch_id,
@@ -320,6 +321,7 @@ class ComputationRunner:
             max_record_bytes=self.settings.max_record_bytes,
             max_future_ms=self.settings.max_future_ms,
             deliver_in_task=self.driver_delivery is None,
+            output_watermark=output_wm.event,
         )
 
     def _process_batch_once(self, batch_df: Any, batch_id: int) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from millstream.state.shard import ShardConfig
-from millstream.state.watermarks import Watermark
+from millstream.state.watermarks import UNKNOWN, Watermark
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class BatchPlan:
     # False: shard tasks commit and hand their checkpointed productions back to the driver,
     # which delivers and acknowledges them (see ComputationRunner._delivers_from_driver).
     deliver_in_task: bool = True
+    # The computation's published low watermark when the batch was planned: a watermark hold
+    # set behind it could not be honoured (see Context.set_timer).
+    output_watermark: int = UNKNOWN
 
 
 @dataclass(frozen=True)

@@ -168,9 +168,15 @@ class _KeyRunner:
     def count(self, name: str, amount: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
 
-    def call(self, key: str, timestamp: int, fn: Any, arg: Record | Timer) -> Context | Exception:
+    def call(self, key: str, fn: Any, arg: Record | Timer) -> Context | Exception:
         """Call user code with retries; returns the successful context or the last error."""
         error: Exception | None = None
+        if isinstance(arg, Record):
+            timestamp, cause = arg.timestamp, "the record"
+        else:
+            timestamp = arg.output_time
+            held = "" if arg.hold is None else f", held at {arg.hold}"
+            cause = f"timer {arg.tag!r} at {arg.time}{held}"
         for _ in range(self.plan.user_retries + 1):
             ctx = Context(
                 key,
@@ -181,6 +187,9 @@ class _KeyRunner:
                 now=self.plan.now,
                 timestamp=timestamp,
                 outputs=self.spec.outputs,
+                cause=cause,
+                allowed_skew_ms=self.spec.options.allowed_timestamp_skew_ms,
+                output_watermark=self.plan.output_watermark,
             )
             try:
                 fn(ctx, arg)
@@ -258,7 +267,7 @@ def _run_once(
     # on-time record of the batch has timestamp >= W, so in event time the timers come first.
     for timer in firing_order(due):
         txn.delete_timer(timer.key, timer.tag)
-        outcome = runner.call(timer.key, timer.time, spec.computation.process_timer, timer)
+        outcome = runner.call(timer.key, spec.computation.process_timer, timer)
         if isinstance(outcome, Exception):
             txn.checkpoint(
                 dead_letter(
@@ -267,7 +276,12 @@ def _run_once(
                     timer.key,
                     f"{type(outcome).__name__}: {outcome}",
                     None,
-                    timer={"tag": timer.tag, "time": timer.time, "domain": timer.domain.value},
+                    timer={
+                        "tag": timer.tag,
+                        "time": timer.time,
+                        "domain": timer.domain.value,
+                        "hold": timer.hold,
+                    },
                 )
             )
             runner.count("dead_letters")
@@ -288,7 +302,7 @@ def _run_once(
             if spec.options.late == "drop":
                 continue
             record = dataclasses.replace(record, late=True)
-        outcome = runner.call(record.key, record.timestamp, spec.computation.process_record, record)
+        outcome = runner.call(record.key, spec.computation.process_record, record)
         if isinstance(outcome, Exception):
             txn.checkpoint(
                 dead_letter(
@@ -376,7 +390,7 @@ def _apply(txn: Any, runner: _KeyRunner, key: str, ctx: Context) -> None:
         if spec is None:
             txn.delete_timer(key, tag)
         else:
-            txn.set_timer(key, tag, spec[1], spec[0])
+            txn.set_timer(key, tag, spec[1], spec[0], spec[2])
     for production in ctx.productions:
         if runner.weak is not None:
             runner.weak.append(production)  # delivered before the commit (weak productions)

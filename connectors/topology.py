@@ -54,6 +54,10 @@ class ComputationOptions:
     # (the shard task delivers, overlapped with other tasks; output bandwidth scales with
     # executors) or "auto": the driver when a target keeps a producer per shard, else the task.
     delivery: Literal["auto", "driver", "task"] = "auto"
+    # The timestamp contract (MillWheel 4.5, Beam's allowed skew): a production may be stamped
+    # at most this many ms earlier than its cause. Output stamped earlier than the cause can be
+    # late downstream; raise it only where consumers tolerate that.
+    allowed_timestamp_skew_ms: int = 0
 
     def validate(self, name: str) -> None:
         if self.productions not in ("strong", "weak"):
@@ -70,6 +74,12 @@ class ComputationOptions:
             )
         if self.start not in ("earliest", "latest"):
             raise ConfigurationError(f"computation {name!r}: start must be 'earliest' or 'latest'")
+        skew = self.allowed_timestamp_skew_ms
+        if not isinstance(skew, int) or isinstance(skew, bool) or skew < 0:
+            raise ConfigurationError(
+                f"computation {name!r}: allowed_timestamp_skew_ms must be an int >= 0, "
+                f"got {skew!r}"
+            )
         if self.delivery not in ("auto", "driver", "task"):
             raise ConfigurationError(
                 f"computation {name!r}: delivery must be 'auto', 'driver' or 'task'"

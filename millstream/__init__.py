@@ -11,6 +11,7 @@ from millstream.errors import (
     FencedError,
     MillstreamError,
     PoisonRecordError,
+    TimestampContractError,
     TransientError,
 )
 from millstream.injectors.sources import kafka_source, logfile_source
@@ -31,6 +32,7 @@ __all__ = [
     "Record",
     "Settings",
     "TimeDomain",
+    "TimestampContractError",
     "Timer",
     "Topology",
     "TransientError",

@@ -28,5 +28,12 @@ class PoisonRecordError(MillstreamError):
     """A record that cannot be processed: it goes to the dead-letter stream."""
 
 
+class TimestampContractError(MillstreamError):
+    """User code broke MillWheel's timestamp contract (section 4.5): a production stamped
+    earlier than its cause, or a watermark hold the low watermark has already passed. Such
+    output would be late, and dropped, downstream; it is a user error (retried, then dead-
+    lettered with this message, or fail-stop)."""
+
+
 class DependencyMissingError(ConfigurationError):
     """An optional dependency or system program is missing; the message says how to install it."""

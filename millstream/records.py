@@ -39,12 +39,23 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Timer:
-    """A timer that came due: fired once, its deletion committed with the effects of the firing."""
+    """A timer that came due: fired once, its deletion committed with the effects of the firing.
+
+    `hold` (event timers only) is the time at which the timer held the computation's low
+    watermark; the firing may produce records stamped at `hold` or later. None: no hold, the
+    timer's own `time` bounds what it may produce.
+    """
 
     key: str
     tag: str
     time: int
     domain: TimeDomain = TimeDomain.EVENT
+    hold: int | None = None
+
+    @property
+    def output_time(self) -> int:
+        """The earliest timestamp a firing may give its productions (the timestamp contract)."""
+        return self.time if self.hold is None else self.hold
 
 
 @dataclass(frozen=True, slots=True)

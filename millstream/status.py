@@ -70,6 +70,9 @@ def status(client: Any, app: str) -> dict[str, Any]:
             "duplicates_dropped": int(metrics.get("duplicates", 0))
             + int(metrics.get("remnants", 0)),
             "late_records": int(metrics.get("late", 0)),
+            "late_by_stream": {
+                k.split(":", 1)[1]: int(v) for k, v in metrics.items() if k.startswith("late:")
+            },
             "dead_letters": int(metrics.get("dead_letters", 0)),
             "catalog_lookups_avoided": int(metrics.get("lookups_avoided", 0)),
             "catalog_reads": int(metrics.get("catalog_reads", 0)),

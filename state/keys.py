@@ -35,6 +35,12 @@ class ShardKeys:
     def timers(self, domain: str) -> str:
         return f"{self.tag}:timers:{domain}"
 
+    @property
+    def timer_holds(self) -> str:
+        """Sorted set timer member -> hold: event timers that hold the low watermark earlier
+        than their time (the minimum is the shard's oldest work)."""
+        return f"{self.tag}:timers:hold"
+
     def catalog(self, bucket: int) -> str:
         return f"{self.tag}:cat:{bucket}"
 

@@ -254,16 +254,19 @@ class ShardStore:
         pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
         pipe.zrangebyscore(self.keys.timers("event"), "-inf", event_watermark, withscores=True)
         pipe.zrangebyscore(self.keys.timers("wall"), "-inf", now, withscores=True)
+        # A hold is never after its timer's time: every due event timer's hold is in range.
+        pipe.zrangebyscore(self.keys.timer_holds, "-inf", event_watermark, withscores=True)
         if wanted:
             pipe.hmget(self.keys.state, wanted)
         results = pipe.execute()
         self.round_trips += 1
-        timers = [parse_timer(m, s, TimeDomain.EVENT) for m, s in results[0]]
+        holds = dict(results[2])
+        timers = [parse_timer(m, s, TimeDomain.EVENT, holds.get(m)) for m, s in results[0]]
         timers += [parse_timer(m, s, TimeDomain.WALL) for m, s in results[1]]
         if wanted:
             if len(soft.states) + len(wanted) > STATE_CACHE_LIMIT:
                 soft.states.clear()
-            soft.states.update(zip(wanted, results[2], strict=True))
+            soft.states.update(zip(wanted, results[3], strict=True))
         timer_keys = [t.key for t in timers if t.key not in soft.states]
         if timer_keys:
             values = self.client.hmget(self.keys.state, timer_keys)  # type: ignore[attr-defined]
@@ -316,20 +319,22 @@ class ShardStore:
 
 
 def oldest_work(client: object, keys_list: Sequence[ShardKeys]) -> list[Watermark]:
-    """Each shard's oldest work: its earliest event-time timer and oldest pending production.
+    """Each shard's oldest work: its earliest event-time timer or watermark hold, and its oldest
+    pending production.
 
     Derived from data only lease-guarded commits write, so a stale owner cannot move it.
     """
     pipe = client.pipeline(transaction=False)  # type: ignore[attr-defined]
     for keys in keys_list:
         pipe.zrange(keys.timers("event"), 0, 0, withscores=True)
+        pipe.zrange(keys.timer_holds, 0, 0, withscores=True)
         pipe.zrange(keys.production_times, 0, 0, withscores=True)
         pipe.zrange(keys.production_system_times, 0, 0, withscores=True)
     results = pipe.execute()
     out: list[Watermark] = []
     for i in range(len(keys_list)):
-        timer, prod, prod_sys = results[3 * i : 3 * i + 3]
-        events = [int(s) for _, s in timer] + [int(s) for _, s in prod]
+        timer, hold, prod, prod_sys = results[4 * i : 4 * i + 4]
+        events = [int(s) for _, s in [*timer, *hold, *prod]]
         systems = [int(s) for _, s in prod_sys]
         out.append(
             Watermark(min(events, default=NO_WORK.event), min(systems, default=NO_WORK.system))

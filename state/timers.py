@@ -11,10 +11,14 @@ def timer_member(key: str, tag: str) -> str:
     return f"{key}{_SEP}{tag}"
 
 
-def parse_timer(member: bytes | str, score: float, domain: TimeDomain) -> Timer:
+def parse_timer(
+    member: bytes | str, score: float, domain: TimeDomain, hold: float | None = None
+) -> Timer:
     text = member.decode() if isinstance(member, bytes) else member
     key, tag = text.split(_SEP, 1)
-    return Timer(key=key, tag=tag, time=int(score), domain=domain)
+    return Timer(
+        key=key, tag=tag, time=int(score), domain=domain, hold=None if hold is None else int(hold)
+    )
 
 
 def firing_order(timers: list[Timer]) -> list[Timer]:

@@ -30,7 +30,10 @@ class TransactionStatus(enum.Enum):
 @dataclass
 class _Effects:
     states: dict[str, bytes | None] = field(default_factory=dict)
-    timers: dict[tuple[str, str], tuple[TimeDomain, int] | None] = field(default_factory=dict)
+    # (key, tag) -> (domain, time, hold) to set, or None to delete
+    timers: dict[tuple[str, str], tuple[TimeDomain, int, int | None] | None] = field(
+        default_factory=dict
+    )
     ids: list[tuple[int, bytes, bytes]] = field(default_factory=list)
     productions: list[Production] = field(default_factory=list)
     acked: list[Production] = field(default_factory=list)
@@ -67,10 +70,15 @@ class ShardTransaction:
         self._check_open()
         self._fx.states[key] = None
 
-    def set_timer(self, key: str, tag: str, time: int, domain: TimeDomain) -> None:
-        """A tag names one timer per key; setting it again moves it (to any domain)."""
+    def set_timer(
+        self, key: str, tag: str, time: int, domain: TimeDomain, hold: int | None = None
+    ) -> None:
+        """A tag names one timer per key; setting it again moves it (to any domain) and
+        replaces its watermark hold (event timers; persisted with the timer)."""
         self._check_open()
-        self._fx.timers[(key, tag)] = (domain, int(time))
+        if hold is not None and (domain is not TimeDomain.EVENT or hold > time):
+            raise ValueError(f"timer {tag!r}: a hold needs an event timer and hold <= time")
+        self._fx.timers[(key, tag)] = (domain, int(time), None if hold is None else int(hold))
 
     def delete_timer(self, key: str, tag: str) -> None:
         self._check_open()
@@ -79,8 +87,9 @@ class ShardTransaction:
     def has_timer_op(self, key: str, tag: str) -> bool:
         return (key, tag) in self._fx.timers
 
-    def timer_op(self, key: str, tag: str) -> tuple[TimeDomain, int] | None:
-        """The buffered (domain, time) of a timer set in this transaction, None if deleted."""
+    def timer_op(self, key: str, tag: str) -> tuple[TimeDomain, int, int | None] | None:
+        """The buffered (domain, time, hold) of a timer set in this transaction, None if
+        deleted."""
         return self._fx.timers[(key, tag)]
 
     def add_ids(self, bucketed: list[tuple[int, bytes, bytes]]) -> None:
@@ -205,6 +214,10 @@ class ShardTransaction:
                     pipe.zrem(keys.timers(domain.value), member)
             if spec is not None:
                 pipe.zadd(keys.timers(spec[0].value), {member: spec[1]})
+            if spec is not None and spec[2] is not None:
+                pipe.zadd(keys.timer_holds, {member: spec[2]})
+            else:  # deleted, fired, or moved without a hold: the hold is released
+                pipe.zrem(keys.timer_holds, member)
         by_bucket: dict[int, dict[bytes, bytes]] = {}
         for bucket, rid, position in fx.ids:
             by_bucket.setdefault(bucket, {})[rid] = position

@@ -74,6 +74,9 @@ def _progress(
         k.decode(): v.decode()
         for k, v in client.hgetall(app_key(app, "metrics", "window_counter")).items()
     }
+    late = "/".join(
+        str(int(client.hget(app_key(app, "metrics", stage), "late") or 0)) for stage in STAGES
+    )
     lags = []
     for stage in STAGES:
         wm = sampler.latest(stage)
@@ -88,7 +91,7 @@ def _progress(
     print(
         f"[{time.monotonic() - started:5.0f}s/{opts.duration:.0f}s] sent {player.sent} | "
         f"watermark lag: {', '.join(lags)} | counted {metrics.get('records', 0)}, "
-        f"duplicates {metrics.get('duplicates', 0)}, late {metrics.get('late', 0)} | anomalies {anomalies}",
+        f"duplicates {metrics.get('duplicates', 0)}, late per stage {late} | anomalies {anomalies}",
         file=sys.stderr,
         flush=True,
     )
@@ -215,7 +218,7 @@ def run_demo(
 
         def drained() -> bool:
             marks = [authority.published(s) for s in STAGES]
-            return all(m is not None and m.event >= end_wall + WINDOW_MS for m in marks)
+            return all(m is not None and m.event > end_wall + WINDOW_MS for m in marks)
 
         _wait("the low watermarks to pass the end of traffic", drained, 180, pipeline)
         time.sleep(2)  # let the last transactions commit and the watcher see them
@@ -232,8 +235,9 @@ def run_demo(
     ).event
     windows = [r.value for r in read_committed(bootstrap, topics["window_topic"]) if r.value]
     anomalies = [r.value for r in read_committed(bootstrap, topics["anomaly_topic"]) if r.value]
-    counters = committed_counters(client, app, "window_counter", opts.shards)
-    verdict = verify(plan, start_wall, windows, anomalies, counters, closed_before)
+    stages = {stage: committed_counters(client, app, stage, opts.shards) for stage in STAGES}
+    counters = stages["window_counter"]
+    verdict = verify(plan, start_wall, windows, anomalies, counters, closed_before, stages)
 
     window_latency = [
         (seen - (w + WINDOW_MS)) / 1000 for (_, w), seen in watcher.first_seen.items()
@@ -259,6 +263,13 @@ def run_demo(
             "duplicates_sent": plan.counters["duplicates"],
             "late_sent": plan.counters["late"],
             "pipeline": counters,
+            "stages": {
+                stage: {
+                    name: values.get(name, 0)
+                    for name in ("records", "late", "dead_letters", "duplicates")
+                }
+                for stage, values in stages.items()
+            },
             "window_counts_out": len(windows),
             "anomalies_out": len(anomalies),
         },

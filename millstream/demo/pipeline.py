@@ -31,7 +31,9 @@ class WindowCounter(Computation):
         counts = ctx.get_state({})
         count = counts.pop(timer.tag, 0)
         window = int(timer.tag)
-        ctx.produce("window_counts", ctx.key, {"q": ctx.key, "w": window, "n": count}, window)
+        # Stamped with the timer's time, the window's end (MillWheel's Figure 9): no earlier
+        # than what caused it, so it is on time downstream. The window's start is in "w".
+        ctx.produce("window_counts", ctx.key, {"q": ctx.key, "w": window, "n": count})
         if counts:
             ctx.set_state(counts)
         else:
@@ -48,7 +50,7 @@ class ModelCalculator(Computation):
             silent = max(0, (window["w"] - model["last"]) // WINDOW_MS - 1)
             model["avg"] *= (1 - ALPHA) ** silent
         update = {**window, "expected": round(model["avg"], 3), "seen": model["seen"]}
-        ctx.produce("model_updates", ctx.key, update, window["w"])
+        ctx.produce("model_updates", ctx.key, update)  # stamped as its window count
         model["avg"] = (1 - ALPHA) * model["avg"] + ALPHA * window["n"]
         model["seen"] += 1
         model["last"] = window["w"]
@@ -62,7 +64,7 @@ class SpikeDetector(Computation):
         u = json.loads(record.value)
         quiet_until = ctx.get_state(0)
         if u["seen"] >= 10 and u["n"] >= max(4 * u["expected"], 12) and u["w"] >= quiet_until:
-            ctx.produce("anomalies", ctx.key, {"type": "spike", **u}, u["w"])
+            ctx.produce("anomalies", ctx.key, {"type": "spike", **u})
             ctx.set_state(u["w"] + SPIKE_COOLDOWN_MS)
 
 

@@ -103,6 +103,11 @@ def text_report(summary: dict[str, Any]) -> str:
     for check in summary["checks"]:
         mark = "ok  " if check["passed"] else "FAIL"
         lines.append(f"  [{mark}] {check['name']}: {check['detail']}")
+    for stage, c in summary["counts"].get("stages", {}).items():
+        lines.append(
+            f"  {stage}: {c['records']} records, {c['late']} late, "
+            f"{c['dead_letters']} dead letters, {c['duplicates']} duplicates"
+        )
     lat = summary["latency"]
     lines.append(
         "  latency, event -> window count visible: "

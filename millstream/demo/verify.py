@@ -43,11 +43,15 @@ def verify(
     anomaly_records: list[bytes],
     counters: dict[str, int],
     closed_before_ms: int,
+    stages: dict[str, dict[str, int]] | None = None,
 ) -> Verdict:
     """Compare sink outputs (as a read_committed reader sees them) with the ground truth.
 
     `closed_before_ms`: windows ending at or before this wall time must be final and exact.
     `counters`: the pipeline's own late and duplicate counts for the window counter.
+    `stages`: every computation's committed counters, first stage first: only the first
+    stage may see late records (the generator's), no stage dead-letters anything (the
+    generator sends no bad input), and the second stage consumes every window count.
     """
     verdict = Verdict()
     truth = window_truth(plan, start_wall_ms)
@@ -139,8 +143,38 @@ def verify(
         f"dropped {dropped} as duplicates and {replays} as replayed deliveries after the "
         f"crash; generator sent {sent_dup} duplicates",
     )
+    if stages:
+        _check_stages(verdict, stages, len(seen))
     verdict.figures["windows_checked"] = len(closed)
     verdict.figures["events_checked"] = sum(closed.values())
     if latencies:
         verdict.figures["anomaly_detection_median_s"] = statistics.median(latencies)
     return verdict
+
+
+def _check_stages(verdict: Verdict, stages: dict[str, dict[str, int]], windows_out: int) -> None:
+    """Late and dead-letter counts per stage are what the input explains; nothing dropped
+    between the first two stages (a production stamped behind its producer's watermark would
+    show up here as late, or as a dead letter naming the timestamp contract)."""
+    names = list(stages)
+    later_late = {n: stages[n].get("late", 0) for n in names[1:]}
+    verdict.add(
+        "no late records after the first stage",
+        not any(later_late.values()),
+        ", ".join(f"{n} {v}" for n, v in later_late.items()),
+    )
+    dead = {n: stages[n].get("dead_letters", 0) for n in names}
+    verdict.add(
+        "no dead letters at any stage",
+        not any(dead.values()),
+        ", ".join(f"{n} {v}" for n, v in dead.items()),
+    )
+    if len(names) >= 2:
+        first, second = stages[names[0]], stages[names[1]]
+        fired, consumed = first.get("timers_fired", 0), second.get("records", 0)
+        verdict.add(
+            f"{names[1]} saw every window count {names[0]} produced",
+            fired == consumed == windows_out,
+            f"{names[0]} fired {fired} windows, {names[1]} processed {consumed}, "
+            f"the sink holds {windows_out}",
+        )
