@@ -17,10 +17,6 @@ from confluent_kafka import KafkaException
 
 from millstream.errors import ConfigurationError
 
-# Moved to millstream.kafka_admin; kept here for connectors/driver.py (being edited elsewhere)
-# until it imports it from there. Remove once nothing imports it from this module.
-from millstream.kafka_admin import check_topics as check_topics
-
 TopicFor = str | Mapping[str, str] | Callable[[str], str]
 
 # librdkafka settings the sinks own: a user override would silently break the guarantees.
