@@ -1,0 +1,459 @@
+"""TopologyTestDriver: a topology run in memory, synchronously, with the runtime's rules.
+
+For unit tests of computations: no Spark, Redis or Kafka. Records are sent one at a time; the
+injected streams' low watermark and the wall clock move only when the test says so. What runs
+is the runtime's own code wherever it can be: key extraction (`connectors.driver._route`), the
+bad-input bounds, user-code retries and the real `Context` (`connectors.shard_task`), effects
+applied as a shard commit applies them (`_apply`), dead letters built by `dead_letter`, timer
+order by `state.timers.firing_order`. Only storage (dicts instead of Redis), transport (a queue
+instead of Kafka topics) and the watermark estimates (set by the test) are the driver's own.
+
+Each `send` behaves as a micro-batch of one record followed by as many (empty) batches as it
+takes for nothing to be due: the record runs through its consumers, their productions through
+theirs, then timers that came due fire. Sinks are not called: `output(stream)` is what they
+would receive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections import Counter, deque
+from typing import Any
+
+from millstream.connectors.driver import _route
+from millstream.connectors.plan import BatchPlan
+from millstream.connectors.serde import encode_value, serde_named
+from millstream.connectors.shard_task import (
+    _apply,
+    _KeyRunner,
+    _rejected,
+    dead_letter,
+    to_record,
+)
+from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
+from millstream.errors import ConfigurationError, MillstreamError
+from millstream.headers import production_headers
+from millstream.records import Production, TimeDomain, Timer
+from millstream.settings import Settings
+from millstream.state.shard import ShardConfig
+from millstream.state.timers import firing_order
+from millstream.state.watermarks import INFINITY, UNKNOWN, Watermark
+
+__all__ = ["TopologyTestDriver"]
+
+_DEFAULTS = Settings()
+# A computation whose timers keep coming due at once (a wall timer re-set at ctx.now from its
+# own firing) would never let the driver return; the runtime would fire it every batch forever.
+MAX_FIRINGS_PER_STEP = 100_000
+
+
+class _Node:
+    """One computation's store: every key's state and timers, its record-id catalog, counters."""
+
+    def __init__(self, spec: ComputationSpec, topology: Topology) -> None:
+        self.spec = spec
+        self.internal_inputs = frozenset(s for s in spec.inputs if s not in topology.sources)
+        self.states: dict[str, bytes | None] = {}
+        self.timers: dict[tuple[str, str], Timer] = {}
+        self.seen: set[bytes] = set()
+        self.counters: Counter[str] = Counter()
+        self.input_watermark = UNKNOWN
+        self.output_watermark = UNKNOWN
+
+
+class _Effects:
+    """The part of a shard transaction `shard_task._apply` writes to, applied at once."""
+
+    def __init__(self, node: _Node) -> None:
+        self._node = node
+        self.productions: list[Production] = []
+
+    def set_state(self, key: str, value: bytes) -> None:
+        self._node.states[key] = value
+
+    def delete_state(self, key: str) -> None:
+        self._node.states.pop(key, None)
+
+    def set_timer(
+        self, key: str, tag: str, time: int, domain: TimeDomain, hold: int | None = None
+    ) -> None:
+        self._node.timers[(key, tag)] = Timer(key, tag, int(time), domain, hold)
+
+    def delete_timer(self, key: str, tag: str) -> None:
+        self._node.timers.pop((key, tag), None)
+
+    def checkpoint(self, production: Production) -> Production:
+        self.productions.append(production)
+        return production
+
+
+class TopologyTestDriver:
+    """Run `topology` in memory: `send` records, move the watermark and the clock, read outputs.
+
+    `start_ms` is the initial wall clock (`ctx.now`, and the bound of
+    MILLSTREAM_MAX_FUTURE_MS: with epoch-millisecond event times, start the clock near them,
+    or records more than a day ahead of it are dead-lettered as the runtime would). The
+    injected streams' low watermark starts unknown: nothing is late until `advance_watermark`.
+    `user_retries` and `on_user_error` are MILLSTREAM_USER_RETRIES and MILLSTREAM_ON_USER_ERROR.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        start_ms: int = 0,
+        user_retries: int = _DEFAULTS.user_retries,
+        on_user_error: str = _DEFAULTS.on_user_error,
+        max_record_bytes: int = _DEFAULTS.max_record_bytes,
+        max_future_ms: int = _DEFAULTS.max_future_ms,
+    ) -> None:
+        topology.validate()
+        if on_user_error not in ("dead-letter", "fail-stop"):
+            raise ConfigurationError(
+                f"on_user_error={on_user_error!r}: use 'dead-letter' or 'fail-stop'"
+            )
+        if user_retries < 0:
+            raise ConfigurationError(f"user_retries={user_retries}: use 0 or more")
+        self.topology = topology
+        self._now = int(start_ms)
+        self._user_retries = user_retries
+        self._fail_stop = on_user_error == "fail-stop"
+        self._max_record_bytes = max_record_bytes
+        self._max_future_ms = max_future_ms
+        self._nodes = {name: _Node(spec, topology) for name, spec in topology.computations.items()}
+        self._order = [self._nodes[n] for n in _topological_order(topology)]
+        self._injected: dict[str, int] = dict.fromkeys(topology.sources, UNKNOWN)
+        self._outputs: dict[str, list[Production]] = {s: [] for s in topology.internal_streams()}
+        self._offsets: Counter[str] = Counter()  # per stream: the next record's position
+        self._queue: deque[tuple[_Node, tuple]] = deque()
+
+    # --- driving ------------------------------------------------------------------------------
+    def send(
+        self,
+        stream: str,
+        value: bytes | str | Any,
+        *,
+        key: bytes | str | None = None,
+        timestamp: int,
+        id: bytes | str | None = None,
+    ) -> None:
+        """Inject one record; returns once it and everything it caused has been processed.
+
+        `key` is the Kafka record key handed to each consumer's key extractor (with the default
+        extractor it is the computation's key); `id` defaults to a fresh one, and a repeated id
+        is a duplicate (dropped, counted as `duplicates`).
+        """
+        if stream not in self.topology.sources:
+            raise ConfigurationError(
+                f"send() to {stream!r}, which is not an injected stream (declared with "
+                f"topology.source: {sorted(self.topology.sources)})"
+            )
+        if not isinstance(timestamp, int) or isinstance(timestamp, bool) or timestamp < 0:
+            raise ValueError(
+                f"timestamp must be int milliseconds >= 0, got {timestamp!r} (the injectors "
+                f"dead-letter records without a valid timestamp before any computation sees them)"
+            )
+        rid = uuid.uuid4().bytes if id is None else _as_bytes(id)
+        row = (
+            stream,
+            rid,
+            None if key is None else _as_bytes(key),
+            encode_value(value),
+            timestamp,
+            self._now,
+            stream,
+            0,
+            self._next_offset(stream),
+            None,
+            None,
+        )
+        for name in self.topology.consumers_of(stream):
+            self._queue.append((self._nodes[name], row))
+        self._settle()
+
+    def advance_watermark(self, ms: int, *, stream: str | None = None) -> None:
+        """Set the low watermark of every injected stream (or of `stream`) to `ms`, then fire
+        whatever came due, downstream computations included. Watermarks never go back."""
+        streams = list(self._injected) if stream is None else [stream]
+        for name in streams:
+            if name not in self._injected:
+                raise ConfigurationError(f"{name!r} is not an injected stream")
+            if ms < self._injected[name]:
+                raise ValueError(
+                    f"advance_watermark({ms}): stream {name!r} is already at "
+                    f"{self._injected[name]}; low watermarks never go back"
+                )
+        for name in streams:
+            self._injected[name] = int(ms)
+        self._settle()
+
+    def advance_clock(self, ms: int) -> None:
+        """Set the wall clock (`ctx.now`) to `ms`, then fire the wall timers that came due."""
+        if ms < self._now:
+            raise ValueError(f"advance_clock({ms}): the clock is already at {self._now}")
+        self._now = int(ms)
+        self._settle()
+
+    # --- reading ------------------------------------------------------------------------------
+    @property
+    def now(self) -> int:
+        return self._now
+
+    def output(self, stream: str) -> list[Production]:
+        """Every production to `stream` so far, in the order they were committed."""
+        if stream not in self._outputs:
+            raise ConfigurationError(
+                f"no computation produces {stream!r} (produced streams: {sorted(self._outputs)})"
+            )
+        return list(self._outputs[stream])
+
+    def dead_letters(self) -> list[Production]:
+        """The dead-letter productions; each value is the runtime's JSON body (computation,
+        key, error, and the record's stream, position, id and value when there is one)."""
+        return self.output(DEAD_LETTERS)
+
+    def state(self, computation: str, key: str) -> Any:
+        """The key's committed state, decoded with the computation's serde; None if it has none."""
+        node = self._node(computation)
+        raw = node.states.get(key)
+        return None if raw is None else serde_named(node.spec.options.serde).loads(raw)
+
+    def timers(self, computation: str, key: str | None = None) -> list[Timer]:
+        """Pending timers of the computation (of one key), in firing order."""
+        node = self._node(computation)
+        return firing_order([t for t in node.timers.values() if key is None or t.key == key])
+
+    def late(self, computation: str) -> int:
+        """Records that arrived behind the computation's input low watermark."""
+        return self._node(computation).counters["late"]
+
+    def metrics(self, computation: str) -> dict[str, int]:
+        """The runtime's counter names: records, timers_fired, late, late:<stream>,
+        duplicates, dead_letters, user_errors, productions."""
+        return dict(self._node(computation).counters)
+
+    def input_watermark(self, computation: str) -> int:
+        return self._node(computation).input_watermark
+
+    def low_watermark(self, computation: str) -> int:
+        """The computation's output low watermark, as its consumers see it."""
+        return self._node(computation).output_watermark
+
+    # --- the runtime's steps, in memory -------------------------------------------------------
+    def _node(self, computation: str) -> _Node:
+        try:
+            return self._nodes[computation]
+        except KeyError:
+            raise ConfigurationError(
+                f"unknown computation {computation!r} (declared: {sorted(self._nodes)})"
+            ) from None
+
+    def _next_offset(self, stream: str) -> int:
+        offset = self._offsets[stream]
+        self._offsets[stream] += 1
+        return offset
+
+    def _plan(self, node: _Node) -> BatchPlan:
+        """What a shard task would be told for a batch planned now."""
+        return BatchPlan(
+            app=self.topology.app,
+            batch_id=0,
+            redis_url="",
+            shards=1,
+            shard_config=ShardConfig(use_bloom=False),
+            input_watermark=Watermark(node.input_watermark, self._now),
+            gc_watermark=UNKNOWN,
+            now=self._now,
+            user_retries=self._user_retries,
+            fail_stop=self._fail_stop,
+            internal_inputs=node.internal_inputs,
+            deliveries={},
+            in_flight_streams=frozenset(),
+            max_record_bytes=self._max_record_bytes,
+            max_future_ms=self._max_future_ms,
+            output_watermark=node.output_watermark,
+        )
+
+    def _settle(self) -> None:
+        """Deliver everything queued, then move watermarks in topological order and fire what
+        is due, until nothing moves (an upstream firing may make a downstream timer due)."""
+        firings = 0
+        while True:
+            self._drain()
+            moved = False
+            for node in self._order:
+                before = (node.input_watermark, node.output_watermark)
+                node.input_watermark = max(node.input_watermark, self._input_of(node))
+                fired = self._fire_due(node)
+                firings += fired
+                self._drain()
+                oldest = min(
+                    (t.output_time for t in node.timers.values() if t.domain is TimeDomain.EVENT),
+                    default=INFINITY,
+                )
+                node.output_watermark = max(
+                    node.output_watermark, min(node.input_watermark, oldest)
+                )
+                moved = (
+                    moved or fired > 0 or before != (node.input_watermark, node.output_watermark)
+                )
+            if not moved:
+                return
+            if firings > MAX_FIRINGS_PER_STEP:
+                raise MillstreamError(
+                    f"more than {MAX_FIRINGS_PER_STEP} timer firings in one step: a timer that "
+                    f"re-sets itself at a time already due never lets time move on"
+                )
+
+    def _input_of(self, node: _Node) -> int:
+        """min over the inputs: injected watermark less the stream's out-of-order bound, or the
+        producing computations' published watermarks (nothing is ever in flight here)."""
+        parts: list[int] = []
+        for stream in node.spec.inputs:
+            if stream in self._injected:
+                estimate = self._injected[stream]
+                bound = self.topology.out_of_order_ms.get(stream, 0)
+                parts.append(estimate - bound if estimate > UNKNOWN else UNKNOWN)
+            else:
+                parts += [
+                    self._nodes[p].output_watermark for p in self.topology.producer_of(stream)
+                ]
+        return min(parts, default=INFINITY)
+
+    def _drain(self) -> None:
+        while self._queue:
+            node, row = self._queue.popleft()
+            self._process_row(node, row)
+
+    def _process_row(self, node: _Node, row: tuple) -> None:
+        """shard_task._run_once for one row: dedup, bad input, late policy, user code, apply."""
+        spec = node.spec
+        [(_, item)] = list(_route(dict(spec.inputs), 1, iter([row])))
+        record = to_record(item, node.internal_inputs)
+        if spec.options.exactly_once:
+            if record.id in node.seen:
+                node.counters["duplicates"] += 1
+                return
+            node.seen.add(record.id)
+        plan = self._plan(node)
+        error = item.error if item.error is not None else _rejected(plan, row)
+        if error is not None:
+            self._emit(node, [dead_letter(plan, spec, record.key, error, row)])
+            node.counters["dead_letters"] += 1
+            return
+        if record.timestamp < node.input_watermark:
+            node.counters["late"] += 1
+            node.counters[f"late:{record.stream}"] += 1
+            if spec.options.late == "drop":
+                return
+            record = dataclasses.replace(record, late=True)
+        runner = _KeyRunner(plan, spec, node.states)
+        outcome = runner.call(record.key, spec.computation.process_record, record)
+        if isinstance(outcome, Exception):
+            reason = f"{type(outcome).__name__}: {outcome}"
+            self._emit(node, [dead_letter(plan, spec, record.key, reason, row)])
+            node.counters["dead_letters"] += 1
+            node.counters["user_errors"] += 1
+            return
+        self._commit(node, runner, record.key, outcome)
+        node.counters["records"] += 1
+
+    def _fire_due(self, node: _Node) -> int:
+        """One batch's timers: those due at the input watermark and the clock, in firing order.
+
+        A timer an earlier firing of the same batch deleted or moved does not fire (see the
+        report on `shard_task`, which fires what it loaded).
+        """
+        due = [
+            t
+            for t in node.timers.values()
+            if t.time <= (node.input_watermark if t.domain is TimeDomain.EVENT else self._now)
+        ]
+        fired = 0
+        for timer in firing_order(due):
+            if node.timers.get((timer.key, timer.tag)) != timer:
+                continue
+            del node.timers[(timer.key, timer.tag)]
+            plan = self._plan(node)
+            runner = _KeyRunner(plan, node.spec, node.states)
+            outcome = runner.call(timer.key, node.spec.computation.process_timer, timer)
+            fired += 1
+            if isinstance(outcome, Exception):
+                letter = dead_letter(
+                    plan,
+                    node.spec,
+                    timer.key,
+                    f"{type(outcome).__name__}: {outcome}",
+                    None,
+                    timer={
+                        "tag": timer.tag,
+                        "time": timer.time,
+                        "domain": timer.domain.value,
+                        "hold": timer.hold,
+                    },
+                )
+                self._emit(node, [letter])
+                node.counters["dead_letters"] += 1
+                node.counters["user_errors"] += 1
+            else:
+                self._commit(node, runner, timer.key, outcome)
+                node.counters["timers_fired"] += 1
+        return fired
+
+    def _commit(self, node: _Node, runner: _KeyRunner, key: str, ctx: Any) -> None:
+        effects = _Effects(node)
+        _apply(effects, runner, key, ctx)
+        self._emit(node, [*effects.productions, *(runner.weak or [])])
+
+    def _emit(self, node: _Node, productions: list[Production]) -> None:
+        """Record each production on its stream and queue it for the stream's consumers, as
+        the internal-stream sink writes it (key as the Kafka key, id and times in headers)."""
+        for production in productions:
+            node.counters["productions"] += 1
+            self._outputs[production.stream].append(production)
+            consumers = self.topology.consumers_of(production.stream)
+            if not consumers:
+                continue
+            row = (
+                production.stream,
+                production.id,
+                production.key.encode("utf-8"),
+                production.value,
+                production.timestamp,
+                production.system_time,
+                self.topology.topic_of(production.stream),
+                0,
+                self._next_offset(production.stream),
+                production_headers(production),
+                None,
+            )
+            for name in consumers:
+                self._queue.append((self._nodes[name], row))
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def _topological_order(topology: Topology) -> list[str]:
+    """Computations with producers before consumers (declaration order among equals; a cycle,
+    which no watermark can get past, keeps declaration order)."""
+    names = list(topology.computations)
+    upstream = {
+        name: {
+            p
+            for stream in spec.inputs
+            for p in topology.producer_of(stream)
+            if stream not in topology.sources and p != name
+        }
+        for name, spec in topology.computations.items()
+    }
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        ready = [n for n in names if n not in ordered and upstream[n] <= set(ordered)]
+        if not ready:  # a cycle: the rest in declaration order
+            ordered += [n for n in names if n not in ordered]
+            break
+        ordered.append(ready[0])
+    return ordered
