@@ -59,10 +59,15 @@ def spark_session(settings: Settings, app_name: str) -> Any:
 
 
 @contextlib.contextmanager
-def endpoints(settings: Settings) -> Iterator[Endpoints]:
-    """Redis and Kafka from the environment, or embedded services started (and stopped) here."""
+def endpoints(settings: Settings, *, embedded: bool = False) -> Iterator[Endpoints]:
+    """Redis and Kafka from the environment, or, when asked for (`embedded` or
+    MILLSTREAM_EMBEDDED=always), embedded services started (and stopped) here.
+
+    An unset one that was not asked for is a ConfigurationError, raised before anything starts.
+    """
     from millstream.embedded import embedded_services
 
+    settings.require_endpoints(embedded=embedded)
     with embedded_services(settings) as (redis_url, bootstrap):
         kafka = {**settings.kafka_extra, "bootstrap.servers": bootstrap}
         yield Endpoints(redis_url=redis_url, kafka=kafka)
@@ -168,8 +173,14 @@ def run(
     until: Callable[[Application], bool] | None = None,
     on_tick: Callable[[Application], None] | None = None,
     tick_seconds: float = 1.0,
+    embedded: bool = False,
 ) -> None:
-    """Run `topology` until interrupted (Ctrl-C, SIGTERM) or until `until(app)` is true."""
+    """Run `topology` until interrupted (Ctrl-C, SIGTERM) or until `until(app)` is true.
+
+    REDIS_URL and KAFKA_BOOTSTRAP_SERVERS must be set unless `embedded` (or
+    MILLSTREAM_EMBEDDED=always) asks for throw-away embedded services; that is checked before
+    anything starts.
+    """
     settings = settings or Settings.from_env()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()
@@ -180,7 +191,7 @@ def run(
 
     previous = {s: signal.signal(s, _signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with endpoints(settings) as ends:
+        with endpoints(settings, embedded=embedded) as ends:
             app = Application(topology, settings, ends, spark=None)
             # Topics first: an unreachable broker fails here, before the JVM starts.
             app.prepare()

@@ -64,7 +64,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     topology = _load_topology(args.target)
     topology.validate()
-    run(topology, settings)
+    run(topology, settings, embedded=args.embedded)
     return 0
 
 
@@ -146,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a topology until Ctrl-C or SIGTERM")
     run.add_argument(
         "target", help="module:attribute naming a Topology (or a function returning one)"
+    )
+    run.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start throw-away embedded Redis/Kafka for whichever of REDIS_URL and "
+        "KAFKA_BOOTSTRAP_SERVERS is unset (local development: their state is lost on exit; "
+        "same as MILLSTREAM_EMBEDDED=always)",
     )
     run.set_defaults(func=_cmd_run)
     st = sub.add_parser("status", help="watermarks, lag and counters per computation")

@@ -17,10 +17,14 @@ T = TypeVar("T")
 VARIABLES: tuple[tuple[str, str, str], ...] = (
     (
         "KAFKA_BOOTSTRAP_SERVERS",
-        "(embedded broker)",
-        "Kafka bootstrap servers, host:port[,host:port].",
+        "(required by run)",
+        "Kafka bootstrap servers, host:port[,host:port]. Unset: see MILLSTREAM_EMBEDDED.",
     ),
-    ("REDIS_URL", "(embedded redis-server)", "Redis URL: redis://, rediss:// (TLS) or unix://."),
+    (
+        "REDIS_URL",
+        "(required by run)",
+        "Redis URL: redis://, rediss:// (TLS) or unix://. Unset: see MILLSTREAM_EMBEDDED.",
+    ),
     ("MILLSTREAM_APP", "millstream", "Application name; namespaces Redis keys and Kafka topics."),
     ("MILLSTREAM_SPARK_MASTER", "local[2]", "Spark master URL."),
     ("MILLSTREAM_CHECKPOINT_DIR", ".millstream/checkpoints", "Spark streaming checkpoints."),
@@ -67,7 +71,13 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "3",
         "Restarts of a failed computation query (from its checkpoint) within 10 minutes.",
     ),
-    ("MILLSTREAM_EMBEDDED", "auto", "auto: start embedded Redis/Kafka when unset; never: fail."),
+    (
+        "MILLSTREAM_EMBEDDED",
+        "auto",
+        "For unset REDIS_URL/KAFKA_BOOTSTRAP_SERVERS, throw-away embedded services: auto: only "
+        "demo, bench and infra start them (run fails); always: run too (as run --embedded); "
+        "never: none.",
+    ),
     ("MILLSTREAM_STATE_DIR", ".millstream", "Working folder for embedded services and outputs."),
     ("MILLSTREAM_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     (
@@ -319,7 +329,11 @@ class Settings:
                 env, "MILLSTREAM_QUERY_RESTARTS", "3", _bounded_int(0, 1000), "an integer 0-1000"
             ),
             embedded=_parse(
-                env, "MILLSTREAM_EMBEDDED", "auto", _choice("auto", "never"), "auto or never"
+                env,
+                "MILLSTREAM_EMBEDDED",
+                "auto",
+                _choice("auto", "always", "never"),
+                "auto, always or never",
             ),
             state_dir=env.get("MILLSTREAM_STATE_DIR", ".millstream"),
             log_level=_parse(
@@ -330,6 +344,35 @@ class Settings:
                 "DEBUG, INFO, WARNING or ERROR",
             ),
             kafka_extra=extra,
+        )
+
+    def unset_endpoints(self) -> list[str]:
+        """The names of REDIS_URL / KAFKA_BOOTSTRAP_SERVERS that are not set."""
+        return [
+            name
+            for name, value in (
+                ("REDIS_URL", self.redis_url),
+                ("KAFKA_BOOTSTRAP_SERVERS", self.kafka_bootstrap_servers),
+            )
+            if not value
+        ]
+
+    def require_endpoints(self, *, embedded: bool = False) -> None:
+        """`millstream run`'s rule: embedded services only when asked for, since their state is
+        thrown away on exit (in production, state written nowhere durable).
+
+        Asked for means `embedded=True` (`millstream run --embedded`) or MILLSTREAM_EMBEDDED=always;
+        MILLSTREAM_EMBEDDED=never refuses them later, in `embedded_services`.
+        """
+        unset = self.unset_endpoints()
+        if not unset or embedded or self.embedded == "always":
+            return
+        raise ConfigurationError(
+            f"{' and '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set: point "
+            f"{'it' if len(unset) == 1 else 'them'} at your "
+            f"{' and '.join('Redis' if n == 'REDIS_URL' else 'Kafka' for n in unset)}, or "
+            "pass --embedded (or set MILLSTREAM_EMBEDDED=always) to start throw-away embedded "
+            "services whose state is lost when they stop."
         )
 
     def kafka_config(self) -> dict[str, str]:

@@ -125,6 +125,40 @@ def test_run_attribute_that_is_not_a_topology_is_one_line(tmp_path: Path) -> Non
     assert_one_line_error(result, "mypipeline:topology is a int, expected a Topology")
 
 
+PIPELINE = """
+from millstream import Computation, Topology, kafka_source
+
+
+class Count(Computation):
+    def process_record(self, ctx, record):
+        ctx.set_state(ctx.get_state(0) + 1)
+
+
+topology = Topology("onepipe")
+topology.source("input", kafka_source("onepipe-input"))
+topology.computation("count", Count(), inputs=["input"])
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "unset", "still_set"),
+    [
+        ({}, "REDIS_URL and KAFKA_BOOTSTRAP_SERVERS are not set", None),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}, "REDIS_URL is not set", "KAFKA_BOOTSTRAP"),
+    ],
+)
+def test_run_without_redis_url_stops_before_starting_anything(
+    env: dict[str, str], unset: str, still_set: str | None, tmp_path: Path
+) -> None:
+    """No silent throw-away Redis: a valid pipeline, no REDIS_URL, no --embedded."""
+    (tmp_path / "onepipe.py").write_text(PIPELINE)
+    result = millstream(["run", "onepipe:topology"], env, tmp_path)
+    err = assert_one_line_error(result, unset, "--embedded", "MILLSTREAM_EMBEDDED=always")
+    if still_set:
+        assert still_set not in err
+    assert not (tmp_path / ".millstream").exists()  # no embedded service, no checkpoint
+
+
 # ---------------------------------------------------------------- a Redis with a password
 
 

@@ -1,0 +1,138 @@
+"""`millstream run` uses embedded Redis/Kafka only when asked.
+
+Pure decisions, in process: nothing here starts a service (`embedded_services` is replaced by a
+guard that fails the test if anything would start).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from millstream.cli import build_parser, main
+from millstream.errors import ConfigurationError
+from millstream.settings import Settings
+
+BOTH = {"REDIS_URL": "redis://127.0.0.1:6379/0", "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092"}
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("MILLSTREAM_") or name in ("REDIS_URL", "KAFKA_BOOTSTRAP_SERVERS"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    """Replaces `embedded_services`: records each call instead of starting anything."""
+    import millstream.embedded
+
+    calls: list[Settings] = []
+
+    @contextmanager
+    def record(settings: Settings, *args: Any, **kwargs: Any) -> Iterator[tuple[str, str]]:
+        calls.append(settings)
+        yield ("redis://127.0.0.1:1/0", "127.0.0.1:1")
+
+    monkeypatch.setattr(millstream.embedded, "embedded_services", record)
+    return calls
+
+
+# ---------------------------------------------------------------- the decision
+
+
+@pytest.mark.parametrize(
+    ("env", "named", "not_named"),
+    [
+        ({}, "REDIS_URL and KAFKA_BOOTSTRAP_SERVERS are not set", None),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "b:9092"}, "REDIS_URL is not set", "KAFKA_BOOTSTRAP"),
+        ({"REDIS_URL": "redis://r:6379/0"}, "KAFKA_BOOTSTRAP_SERVERS is not set", "REDIS_URL"),
+        ({"MILLSTREAM_EMBEDDED": "auto"}, "REDIS_URL and KAFKA_BOOTSTRAP_SERVERS", None),
+    ],
+)
+def test_run_refuses_unset_endpoints_unless_asked(
+    env: dict[str, str], named: str, not_named: str | None
+) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        Settings.from_env(env).require_endpoints()
+    message = str(raised.value)
+    assert named in message
+    assert "--embedded" in message and "MILLSTREAM_EMBEDDED=always" in message
+    assert "\n" not in message
+    if not_named:
+        assert not_named not in message
+
+
+@pytest.mark.parametrize(
+    ("env", "embedded"),
+    [
+        (BOTH, False),
+        ({}, True),
+        ({"MILLSTREAM_EMBEDDED": "always"}, False),
+        ({"MILLSTREAM_EMBEDDED": "ALWAYS", "REDIS_URL": "redis://r:6379/0"}, False),
+    ],
+)
+def test_run_accepts_set_endpoints_or_an_explicit_embedded(
+    env: dict[str, str], embedded: bool
+) -> None:
+    Settings.from_env(env).require_endpoints(embedded=embedded)
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "", "sometimes"])
+def test_a_bad_embedded_value_is_refused_at_start_up(value: str) -> None:
+    with pytest.raises(
+        ConfigurationError,
+        match=r"MILLSTREAM_EMBEDDED=.* is invalid: expected auto, always or never",
+    ):
+        Settings.from_env({"MILLSTREAM_EMBEDDED": value})
+
+
+def test_endpoints_refuse_before_starting_anything(started: list[Settings]) -> None:
+    from millstream.connectors.app import endpoints
+
+    with pytest.raises(ConfigurationError, match="REDIS_URL"), endpoints(Settings.from_env({})):
+        pass
+    assert started == []
+    with endpoints(Settings.from_env({}), embedded=True) as ends:
+        assert ends.redis_url == "redis://127.0.0.1:1/0"
+    assert len(started) == 1
+
+
+def test_run_command_without_endpoints_fails_in_one_line(
+    started: list[Settings], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "onepipe.py").write_text(PIPELINE)
+    assert main(["run", "onepipe:topology"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("millstream: error: REDIS_URL and KAFKA_BOOTSTRAP_SERVERS are not set")
+    assert err.count("\n") == 1, err
+    assert started == []
+
+
+def test_run_flag_parses() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["run", "m:t"]).embedded is False
+    assert parser.parse_args(["run", "--embedded", "m:t"]).embedded is True
+
+
+PIPELINE = """
+from millstream import Computation, Topology, kafka_source
+
+
+class Count(Computation):
+    def process_record(self, ctx, record):
+        ctx.set_state(ctx.get_state(0) + 1)
+
+
+topology = Topology("onepipe")
+topology.source("input", kafka_source("onepipe-input"))
+topology.computation("count", Count(), inputs=["input"])
+"""
