@@ -179,8 +179,10 @@ def run(
 
     REDIS_URL and KAFKA_BOOTSTRAP_SERVERS must be set unless `embedded` (or
     MILLSTREAM_EMBEDDED=always) asks for throw-away embedded services; that is checked before
-    anything starts.
+    anything starts. MILLSTREAM_METRICS_PORT serves Prometheus metrics while it runs.
     """
+    from millstream.metrics import serve_metrics
+
     settings = settings or Settings.from_env()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()
@@ -191,8 +193,12 @@ def run(
 
     previous = {s: signal.signal(s, _signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with endpoints(settings, embedded=embedded) as ends:
+        with contextlib.ExitStack() as stack:
+            ends = stack.enter_context(endpoints(settings, embedded=embedded))
             app = Application(topology, settings, ends, spark=None)
+            stack.enter_context(
+                serve_metrics(settings, ends.redis_url, topology.app, lambda: app.spark)
+            )
             # Topics first: an unreachable broker fails here, before the JVM starts.
             app.prepare()
             app.spark = spark_session(settings, f"millstream.{topology.app}")

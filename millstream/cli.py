@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,24 +84,53 @@ def _redis_for_status() -> str:
     )
 
 
+def _positive_seconds(raw: str) -> float:
+    value = float(raw)
+    if not 0.1 <= value <= 86_400:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected seconds between 0.1 and 86400, got {raw!r}")
+    return value
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
+    import redis
+
     from millstream.settings import Settings
     from millstream.state.client import connect
     from millstream.status import status
 
     app = args.app or Settings.from_env().app
-    snapshot = status(connect(_redis_for_status()), app)
-    if args.json:
-        print(json.dumps(snapshot, indent=2))
+    client = connect(_redis_for_status())
+    if args.watch is None:
+        print(_render_status(status(client, app), args.json))
         return 0
+    # Refresh in place: clear the screen and draw again (plain frames when not a terminal).
+    clear = "\033[H\033[2J" if sys.stdout.isatty() else "\n"
+    try:
+        while True:
+            try:
+                frame = _render_status(status(client, app), args.json)
+            except redis.RedisError as exc:  # keep watching: Redis may come back
+                frame = f"app {app}: Redis did not answer ({exc}); retrying"
+            stamp = time.strftime("%H:%M:%S")
+            sys.stdout.write(f"{clear}every {args.watch:g}s, {stamp} (Ctrl-C stops)\n{frame}\n")
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _render_status(snapshot: dict[str, Any], as_json: bool) -> str:
+    """`millstream status` output for one snapshot of `millstream.status.status`."""
+    if as_json:
+        return json.dumps(snapshot, indent=2)
+    app = snapshot["app"]
     rows = snapshot["computations"]
     if not rows:
-        print(f"app {app!r}: no computation has committed a batch yet")
-        return 0
-    print(f"app {app}")
+        return f"app {app!r}: no computation has committed a batch yet"
+    lines = [f"app {app}"]
     for name, row in rows.items():
         lag = row["lag_ms"]
-        print(
+        lines.append(
             f"  {name}: low watermark lag {lag if lag is not None else '-'} ms, "
             f"batch {row['last_batch_seconds']} s, records {row['records']}, "
             f"duplicates {row['duplicates_dropped']}, late {row['late_records']}, "
@@ -112,7 +142,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 else ""
             )
         )
-    return 0
+    return "\n".join(lines)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -158,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="watermarks, lag and counters per computation")
     st.add_argument("--app", help="application name (default MILLSTREAM_APP)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
     st.set_defaults(func=_cmd_status)
     demo = sub.add_parser("demo", help="the Zeitgeist anomaly-detection demo, verified")
     from millstream.demo.options import add_arguments

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -79,6 +80,12 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "never: none.",
     ),
     ("MILLSTREAM_STATE_DIR", ".millstream", "Working folder for embedded services and outputs."),
+    (
+        "MILLSTREAM_METRICS_PORT",
+        "(off)",
+        "Port on which `millstream run` serves Prometheus metrics at /metrics, 1-65535.",
+    ),
+    ("MILLSTREAM_METRICS_HOST", "127.0.0.1", "Address the metrics server binds to."),
     ("MILLSTREAM_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     (
         "MILLSTREAM_KAFKA_*",
@@ -151,6 +158,19 @@ def _choice(*allowed: str) -> Callable[[str], str]:
     return conv
 
 
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
+
+
+def _host(raw: str) -> str:
+    """An IP address or a host name; binding to it is tried when the server starts."""
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        if not _HOSTNAME.match(raw):
+            raise
+        return raw
+
+
 def _fraction(raw: str) -> float:
     value = float(raw)
     if not 0.0 < value < 0.5:
@@ -221,6 +241,8 @@ class Settings:
     query_restarts: int = 3
     embedded: str = "auto"
     state_dir: str = ".millstream"
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -336,6 +358,20 @@ class Settings:
                 "auto, always or never",
             ),
             state_dir=env.get("MILLSTREAM_STATE_DIR", ".millstream"),
+            metrics_port=_parse(
+                env,
+                "MILLSTREAM_METRICS_PORT",
+                "",
+                lambda s: _bounded_int(1, 65535)(s) if s else None,
+                "a TCP port 1-65535, or unset for no metrics server",
+            ),
+            metrics_host=_parse(
+                env,
+                "MILLSTREAM_METRICS_HOST",
+                "127.0.0.1",
+                _host,
+                "an address to bind, e.g. 127.0.0.1, 0.0.0.0 or ::",
+            ),
             log_level=_parse(
                 env,
                 "MILLSTREAM_LOG_LEVEL",

@@ -8,6 +8,9 @@ from typing import Any
 from millstream.state.keys import ShardKeys, app_key
 from millstream.state.watermarks import INFINITY, UNKNOWN, WatermarkAuthority, now_ms
 
+# Upper bounds (seconds) of the batch duration histogram: a batch costs 0.1 s to minutes.
+BATCH_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
 
 def computations_of(client: Any, app: str) -> list[str]:
     prefix = app_key(app, "metrics", "")
@@ -84,8 +87,36 @@ def status(client: Any, app: str) -> dict[str, Any]:
             "backpressure_seconds": float(metrics.get("backpressure_seconds", 0)),
             "timers_pending": sum(counts[1::3]) + sum(counts[2::3]),
             "shards": shards,
+            "batch_seconds": batch_seconds_histogram(metrics),
         }
     return out
+
+
+def record_batch_seconds(pipe: Any, metrics_key: str, seconds: float) -> None:
+    """Add one batch's duration to the histogram in a computation's metrics hash.
+
+    For the runtime, in the pipeline of its per-batch metrics update: a histogram needs every
+    batch, which a scrape of `last_batch` cannot see. Buckets are cumulative, as Prometheus's.
+    """
+    for bound in BATCH_SECONDS_BUCKETS:
+        if seconds <= bound:
+            pipe.hincrby(metrics_key, f"batch_seconds_le_{bound:g}", 1)
+    pipe.hincrby(metrics_key, "batch_seconds_count", 1)
+    pipe.hincrbyfloat(metrics_key, "batch_seconds_sum", round(seconds, 6))
+
+
+def batch_seconds_histogram(metrics: dict[str, str]) -> dict[str, Any] | None:
+    """The histogram `record_batch_seconds` wrote, from a decoded metrics hash; None if none."""
+    if "batch_seconds_count" not in metrics:
+        return None
+    return {
+        "buckets": [
+            [bound, int(metrics.get(f"batch_seconds_le_{bound:g}", 0))]
+            for bound in BATCH_SECONDS_BUCKETS
+        ],
+        "count": int(metrics["batch_seconds_count"]),
+        "sum": float(metrics.get("batch_seconds_sum", 0.0)),
+    }
 
 
 def _shard_count(client: Any, app: str, name: str) -> int:

@@ -1,4 +1,4 @@
-"""`millstream run` uses embedded Redis/Kafka only when asked.
+"""`millstream run` uses embedded Redis/Kafka only when asked; the metrics and watch settings.
 
 Pure decisions, in process: nothing here starts a service (`embedded_services` is replaced by a
 guard that fails the test if anything would start).
@@ -121,6 +121,64 @@ def test_run_flag_parses() -> None:
     parser = build_parser()
     assert parser.parse_args(["run", "m:t"]).embedded is False
     assert parser.parse_args(["run", "--embedded", "m:t"]).embedded is True
+
+
+# ---------------------------------------------------------------- metrics and watch settings
+
+
+def test_metrics_are_off_by_default_and_bind_to_loopback() -> None:
+    settings = Settings.from_env({})
+    assert settings.metrics_port is None
+    assert settings.metrics_host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("env", "port", "host"),
+    [
+        ({"MILLSTREAM_METRICS_PORT": "9464"}, 9464, "127.0.0.1"),
+        (
+            {"MILLSTREAM_METRICS_PORT": " 65535 ", "MILLSTREAM_METRICS_HOST": "0.0.0.0"},
+            65535,
+            "0.0.0.0",
+        ),
+        ({"MILLSTREAM_METRICS_PORT": "1", "MILLSTREAM_METRICS_HOST": "::"}, 1, "::"),
+        ({"MILLSTREAM_METRICS_HOST": "metrics.internal"}, None, "metrics.internal"),
+    ],
+)
+def test_metrics_settings_are_read(env: dict[str, str], port: int | None, host: str) -> None:
+    settings = Settings.from_env(env)
+    assert (settings.metrics_port, settings.metrics_host) == (port, host)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"MILLSTREAM_METRICS_PORT": "0"}, "MILLSTREAM_METRICS_PORT='0' is invalid"),
+        ({"MILLSTREAM_METRICS_PORT": "65536"}, "MILLSTREAM_METRICS_PORT='65536' is invalid"),
+        ({"MILLSTREAM_METRICS_PORT": "http"}, "MILLSTREAM_METRICS_PORT='http' is invalid"),
+        ({"MILLSTREAM_METRICS_HOST": "not a host"}, "MILLSTREAM_METRICS_HOST='not a host'"),
+        ({"MILLSTREAM_METRICS_HOST": ""}, "MILLSTREAM_METRICS_HOST='' is invalid"),
+    ],
+)
+def test_bad_metrics_settings_are_refused(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigurationError, match="is invalid: expected") as raised:
+        Settings.from_env(env)
+    assert named in str(raised.value)
+
+
+def test_status_watch_parses() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["status"]).watch is None
+    assert parser.parse_args(["status", "--watch"]).watch == 2.0
+    assert parser.parse_args(["status", "--watch", "0.5", "--json"]).watch == 0.5
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "soon"])
+def test_status_watch_rejects_bad_seconds(seconds: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["status", "--watch", seconds])
+    assert exited.value.code == 2
+    assert "--watch" in capsys.readouterr().err
 
 
 PIPELINE = """
