@@ -118,13 +118,19 @@ class Application:
         ensure_topics(self.endpoints.kafka, topics)
 
     def start(self, names: list[str] | None = None) -> None:
-        """Start computations (all by default); others already running are left untouched."""
-        for name in names or list(self.topology.computations):
-            if name in self.runners:
-                continue
-            runner = ComputationRunner(
+        """Start computations (all by default); others already running are left untouched.
+
+        Every runner is built (its checks done: the recorded shard count) before any query
+        starts, so a configuration error starts nothing.
+        """
+        runners = {
+            name: ComputationRunner(
                 self.topology, self.topology.computations[name], self.settings, self.endpoints
             )
+            for name in names or list(self.topology.computations)
+            if name not in self.runners
+        }
+        for name, runner in runners.items():
             runner.start(self.spark)
             self.runners[name] = runner
             log.info("started computation %s", name)

@@ -28,6 +28,7 @@ from millstream.settings import Settings, mask_url
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys, app_key
 from millstream.state.shard import ShardConfig, oldest_work
+from millstream.state.shard_count import record_shard_count
 from millstream.state.watermarks import (
     INFINITY,
     NONE_KNOWN,
@@ -117,6 +118,8 @@ class ComputationRunner:
         self.endpoints = endpoints
         self.shards = spec.options.shards or settings.shards
         self.client = connect(endpoints.redis_url)
+        # Before anything else: another count than the recorded one would strand state.
+        record_shard_count(self.client, topology.app, spec.name, self.shards)
         self.authority = WatermarkAuthority(self.client, topology.app)
         self.metrics_key = app_key(topology.app, "metrics", spec.name)
         self.query: Any = None
