@@ -24,6 +24,7 @@ from millstream.connectors.plan import BatchPlan, TaskInput, shard_of
 from millstream.connectors.shard_task import ERROR, ID, KEY, STREAM, VALUE, ShardResult, run_shard
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import MillstreamError
+from millstream.kafka_admin import check_topics
 from millstream.settings import Settings, mask_url
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys, app_key
@@ -40,7 +41,8 @@ from millstream.state.watermarks import (
 )
 
 log = logging.getLogger(__name__)
-DEFAULT_PARTITIONS = 4
+DEFAULT_PARTITIONS = 4  # for internal topics created here; existing ones keep their own count
+TOPIC_TIMEOUT_S = 30.0  # a metadata request at start-up
 OOM_RETRY_SECONDS = 600  # how long a batch waits for Redis to accept writes again
 
 
@@ -124,6 +126,7 @@ class ComputationRunner:
         self.metrics_key = app_key(topology.app, "metrics", spec.name)
         self.query: Any = None
         self.internal_inputs = frozenset(s for s in spec.inputs if s not in topology.sources)
+        self.input_partitions = self._input_partitions()
         self.shard_config = ShardConfig(
             bucket_ms=settings.bucket_seconds * 1000,
             bloom_expected=settings.bloom_expected,
@@ -139,6 +142,22 @@ class ComputationRunner:
         self.last_batch: dict[str, Any] = {}
 
     # --- wiring ------------------------------------------------------------------------------
+    def _input_partitions(self) -> dict[str, int]:
+        """Partition count of each internal input's topic, from the broker's metadata.
+
+        Not the topology's configured count: a topic created beforehand may have more, and
+        in-flight records in partitions the watermark does not look at would not hold it.
+        Read once: partition counts do not change under a running computation (adding
+        partitions would also move keys between them, which nothing here supports).
+        """
+        streams = sorted(self.internal_inputs)
+        if not streams:
+            return {}
+        counts = check_topics(
+            self.endpoints.kafka, [self.topology.topic_of(s) for s in streams], TOPIC_TIMEOUT_S
+        )
+        return {s: counts[self.topology.topic_of(s)] for s in streams}
+
     def _deliveries(self) -> dict[str, tuple[Target, ...]]:
         kafka = tuple(sorted(self.endpoints.kafka.items()))
         out: dict[str, tuple[Target, ...]] = {}
@@ -261,7 +280,7 @@ class ComputationRunner:
                 continue
             for producer in self.topology.producer_of(stream):
                 parts.append(self.authority.published(producer) or NONE_KNOWN)
-            partitions = self.topology.partitions.get(stream, DEFAULT_PARTITIONS)
+            partitions = self.input_partitions[stream]
             parts.append(self.authority.in_flight(stream, partitions, self._consumed(stream)))
         return self.authority.publish(f"{self.spec.name}#input", merge_min(parts))
 
