@@ -71,6 +71,14 @@ class InternalStreamSink:
 class UserSink:
     sink: Any
 
+    @classmethod
+    def bound(cls, sink: Any, kafka: dict[str, str]) -> UserSink:
+        """The user's sink bound on the driver to the application's Kafka settings: a sink
+        declared without any (`KafkaTransactionalSink(topic=...)`) delivers to this cluster."""
+        from millstream.sinks.base import bind_sink
+
+        return cls(bind_sink(sink, kafka))
+
     def __call__(self) -> Any:
         return self.sink
 
@@ -167,7 +175,8 @@ class ComputationRunner:
             if consumed or stream not in self.topology.sinks or stream == DEAD_LETTERS:
                 targets.append(Target(InternalStreamSink(self.topology.topic_of(stream), kafka), 0))
             if stream in self.topology.sinks:
-                targets.append(Target(UserSink(self.topology.sinks[stream]), len(targets)))
+                sink = UserSink.bound(self.topology.sinks[stream], self.endpoints.kafka)
+                targets.append(Target(sink, len(targets)))
             out[stream] = tuple(targets)
         return out
 

@@ -40,6 +40,18 @@ def resolve_topic(topic_for: TopicFor, stream: str) -> str:
     return topic
 
 
+def topic_mapping(owner: str, topic_for: TopicFor | None, topic: str | None) -> TopicFor:
+    """A sink's stream-to-topic mapping from its constructor: `topic=` or `topic_for`, one."""
+    if (topic_for is None) == (topic is None):
+        raise ConfigurationError(
+            f"{owner}: give exactly one of topic='name' (one output topic) or topic_for (a topic, "
+            "a dict stream -> topic, or a function of the stream)"
+        )
+    chosen = topic if topic is not None else topic_for
+    assert chosen is not None  # exactly one was given
+    return chosen
+
+
 def static_topics(topic_for: TopicFor) -> list[str]:
     """Topics known before any delivery (a function of the stream is only known lazily)."""
     if isinstance(topic_for, str):
@@ -58,15 +70,20 @@ def client_config(
             "the sink's Kafka config has no bootstrap.servers: pass Settings.kafka_config()"
         )
     merged: dict[str, Any] = {**base, **(extra or {})}
+    check_owned(merged, owned)
+    merged.update(owned)
+    return merged
+
+
+def check_owned(settings: Mapping[str, Any], owned: Mapping[str, Any]) -> None:
+    """Refuse a user setting that would silently weaken a guarantee the sink owns."""
     for name, value in owned.items():
-        given = merged.get(name)
+        given = settings.get(name)
         if name in _OWNED and given is not None and str(given).lower() != str(value).lower():
             raise ConfigurationError(
                 f"Kafka setting {name}={given!r} conflicts with the sink's guarantee "
                 f"({name}={value!r}): remove it from the sink's config"
             )
-        merged[name] = value
-    return merged
 
 
 def purge_quietly(producer: Any) -> None:

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import NamedTuple
+from typing import Any, NamedTuple, Self
 
 from millstream.errors import TransientError
 from millstream.records import Production
@@ -125,10 +125,11 @@ class DeliveryReport:
 class Sink(ABC):
     """An output for checkpointed productions.
 
-    Lifecycle: `setup()` once per process before the first delivery (validate, fail fast with
-    the cause and the fix), `deliver()` per shard and batch, `close()` at shutdown. Instances are
-    built on the driver and shipped to executors, so constructors only store settings: clients
-    are created lazily and cached per process.
+    Lifecycle: `bind()` on the driver when the application starts, `setup()` once per process
+    before the first delivery (validate, fail fast with the cause and the fix), `deliver()` per
+    shard and batch, `close()` at shutdown. Instances are built on the driver and shipped to
+    executors, so constructors only store settings: clients are created lazily and cached per
+    process.
     """
 
     # True when the sink keeps a producer per shard whose start is costly and fences the shard's
@@ -136,6 +137,15 @@ class Sink(ABC):
     # deliver from the driver, one long-lived process, instead of from whichever worker runs
     # the shard's task.
     keeps_shard_producers: bool = False
+
+    def bind(self, kafka_config: Mapping[str, str]) -> Self:
+        """The sink to run in an application whose Kafka settings are `kafka_config`.
+
+        Called by the runtime on the driver before the sink is shipped and set up. A sink built
+        without the settings it needs (`KafkaTransactionalSink(topic="out")`) returns a copy
+        that uses these; one given its own keeps them. This default needs none: itself.
+        """
+        return self
 
     def setup(self) -> None:  # noqa: B027 - optional hook, nothing to check by default
         """Check that the output is usable; raise ConfigurationError naming cause and fix."""
@@ -158,3 +168,10 @@ class Sink(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def bind_sink(sink: Any, kafka_config: Mapping[str, str]) -> Any:
+    """The runtime's binding rule for any sink object: its `bind(kafka_config)`, or the object
+    itself when it has none (a sink that does not subclass `Sink` and needs no settings)."""
+    bind = getattr(sink, "bind", None)
+    return bind(kafka_config) if callable(bind) else sink

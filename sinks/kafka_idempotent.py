@@ -14,6 +14,7 @@ from millstream.sinks.kafka_stream import KafkaStreamSink
 class KafkaIdempotentSink(KafkaStreamSink):
     """Idempotent producer (no duplicates from librdkafka's own retries), `ms-id` on every record.
 
-    Same constructor and record layout as `KafkaStreamSink`:
-    `KafkaIdempotentSink(kafka_config, topic_for, *, delivery_timeout_s=30.0, ...)`.
+    Same constructor and record layout as `KafkaStreamSink`: `KafkaIdempotentSink(topic="out")`
+    takes the Kafka settings of the application that runs it, `KafkaIdempotentSink(kafka_config,
+    topic_for, *, delivery_timeout_s=30.0, ...)` uses the ones given.
     """

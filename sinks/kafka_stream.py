@@ -8,9 +8,10 @@ writing duplicates or reordering; only a re-delivery after a failed `deliver` ca
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -23,11 +24,12 @@ from millstream.sinks._kafka import (
     Deadline,
     ProcessCache,
     TopicFor,
-    client_config,
     purge_quietly,
     resolve_topic,
     static_topics,
+    topic_mapping,
 )
+from millstream.sinks._kafka_settings import KafkaSettings
 from millstream.sinks.base import BackpressureError, Delivery, DeliveryReport, ShardRef, Sink
 
 _PRODUCERS: ProcessCache[Producer] = ProcessCache()
@@ -40,7 +42,9 @@ Outcome = tuple[int, int] | KafkaError | None
 class KafkaStreamSink(Sink):
     """Writes productions to Kafka with an idempotent producer, one record per production.
 
-    `topic_for` maps a production's stream to a topic: a topic name, a dict, or a function.
+    `topic="name"` writes every production to one topic; `topic_for` maps a production's stream
+    to a topic (a topic name, a dict, or a function). `kafka_config` is the cluster's librdkafka
+    settings; without it the sink takes its application's when the runtime binds it (`bind`).
     Records: key = production key (UTF-8), value, timestamp = event time, headers `ms-id`,
     `ms-system-time`, `ms-event-time` (see `millstream.headers`). Partitioning uses
     `murmur2_random`, the Java client's default, so keyed records land where Java producers
@@ -50,21 +54,21 @@ class KafkaStreamSink(Sink):
 
     def __init__(
         self,
-        kafka_config: Mapping[str, str],
-        topic_for: TopicFor,
+        kafka_config: Mapping[str, str] | None = None,
+        topic_for: TopicFor | None = None,
         *,
+        topic: str | None = None,
         delivery_timeout_s: float = 30.0,
         producer_config: Mapping[str, Any] | None = None,
         metadata_timeout_s: float = 10.0,
     ) -> None:
         if delivery_timeout_s <= 0:
             raise ConfigurationError(f"delivery_timeout_s={delivery_timeout_s} must be positive")
-        self._connection = dict(kafka_config)
-        self._topic_for = topic_for
         self._timeout = float(delivery_timeout_s)
         self._metadata_timeout = float(metadata_timeout_s)
-        self._config = client_config(
-            self._connection,
+        self._kafka = KafkaSettings(
+            type(self).__name__,
+            kafka_config,
             producer_config,
             {
                 "enable.idempotence": True,
@@ -75,14 +79,24 @@ class KafkaStreamSink(Sink):
                 "linger.ms": (producer_config or {}).get("linger.ms", 5),
             },
         )
-        self._cache_key = tuple(sorted((k, str(v)) for k, v in self._config.items()))
+        # Checked after the settings, so that KafkaTransactionalSink("out") hears that "out"
+        # went where the settings go.
+        self._topic_for = topic_mapping(type(self).__name__, topic_for, topic)
+
+    def bind(self, kafka_config: Mapping[str, str]) -> Self:
+        if self._kafka.bound:
+            return self
+        bound = copy.copy(self)
+        bound._kafka = self._kafka.bind(kafka_config)
+        return bound
 
     def setup(self) -> None:
         """Fail fast: the known topics exist and we may describe them."""
+        connection = self._kafka.connection
         for topic, count in check_topics(
-            self._connection, static_topics(self._topic_for), self._metadata_timeout
+            connection, static_topics(self._topic_for), self._metadata_timeout
         ).items():
-            _CHECKED.put((self._connection["bootstrap.servers"], topic), count)
+            _CHECKED.put((connection["bootstrap.servers"], topic), count)
 
     def deliver(self, shard: ShardRef, productions: Sequence[Production]) -> DeliveryReport:
         if not productions:
@@ -134,7 +148,9 @@ class KafkaStreamSink(Sink):
 
     def close(self) -> None:
         """Flush what is queued (bounded by the delivery timeout) and drop the producer."""
-        producer = _PRODUCERS.pop(self._cache_key)
+        if not self._kafka.bound:
+            return  # never delivered: no producer
+        producer = _PRODUCERS.pop(self._kafka.cache_key)
         if producer is not None:
             producer.flush(self._timeout)
 
@@ -151,7 +167,7 @@ class KafkaStreamSink(Sink):
         error = classify(err, what)
         if not (err.fatal() or is_fenced(err)):
             return error
-        producer = _PRODUCERS.pop(self._cache_key)
+        producer = _PRODUCERS.pop(self._kafka.cache_key)
         if producer is not None:
             purge_quietly(producer)
         if isinstance(error, ConfigurationError):
@@ -162,15 +178,16 @@ class KafkaStreamSink(Sink):
         )
 
     def _producer(self) -> Producer:
-        producer = _PRODUCERS.get(self._cache_key)
+        producer = _PRODUCERS.get(self._kafka.cache_key)
         if producer is None:
-            producer = _PRODUCERS.put(self._cache_key, Producer(dict(self._config)))
+            producer = _PRODUCERS.put(self._kafka.cache_key, Producer(dict(self._kafka.producer)))
         return producer
 
     def _check_new_topics(self, topics: list[str]) -> None:
-        bootstrap = self._connection["bootstrap.servers"]
+        connection = self._kafka.connection
+        bootstrap = connection["bootstrap.servers"]
         new = {t for t in topics if _CHECKED.get((bootstrap, t)) is None}
-        for topic, count in check_topics(self._connection, new, self._metadata_timeout).items():
+        for topic, count in check_topics(connection, new, self._metadata_timeout).items():
             _CHECKED.put((bootstrap, topic), count)
 
     def _produce(

@@ -31,6 +31,7 @@ shard's open transaction; an offset fetch is one small request with the same mea
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import logging
 import os
@@ -39,7 +40,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import (
     Consumer,
@@ -60,11 +61,12 @@ from millstream.records import Production
 from millstream.sinks._kafka import (
     Deadline,
     TopicFor,
-    client_config,
     purge_quietly,
     resolve_topic,
     static_topics,
+    topic_mapping,
 )
+from millstream.sinks._kafka_settings import KafkaSettings
 from millstream.sinks.base import (
     SKIPPED_DELIVERED,
     BackpressureError,
@@ -170,21 +172,24 @@ _SETUP_LOCK = threading.Lock()
 class KafkaTransactionalSink(Sink):
     """Exactly-once delivery to Kafka topics read by `isolation.level=read_committed` consumers.
 
-    `topic_for` maps a production's stream to a topic (a name, a dict or a function). Output
-    topics must exist; the progress topic is created (one partition, compacted) when missing.
-    Records are laid out as by `KafkaStreamSink`. `deliver` commits one transaction per call and
-    returns once it is committed; it raises FencedError when a newer producer for the shard
-    took over during the call, TransientError when Kafka did not commit within
-    `delivery_timeout_s`, and never leaves a transaction open.
+    `KafkaTransactionalSink(topic="out")` takes the Kafka settings of the application that runs
+    it (see `bind`); `KafkaTransactionalSink(kafka_config, "out")` uses `kafka_config`.
+    `topic_for` instead of `topic` maps a production's stream to a topic (a name, a dict or a
+    function). Output topics must exist; the progress topic is created (one partition,
+    compacted) when missing. Records are laid out as by `KafkaStreamSink`. `deliver` commits one
+    transaction per call and returns once it is committed; it raises FencedError when a newer
+    producer for the shard took over during the call, TransientError when Kafka did not commit
+    within `delivery_timeout_s`, and never leaves a transaction open.
     """
 
     keeps_shard_producers = True
 
     def __init__(
         self,
-        kafka_config: Mapping[str, str],
-        topic_for: TopicFor,
+        kafka_config: Mapping[str, str] | None = None,
+        topic_for: TopicFor | None = None,
         *,
+        topic: str | None = None,
         progress_topic: str = PROGRESS_TOPIC,
         delivery_timeout_s: float = 30.0,
         transaction_timeout_ms: int = 60_000,
@@ -200,15 +205,14 @@ class KafkaTransactionalSink(Sink):
             )
         if max_cached_producers < 1:
             raise ConfigurationError("max_cached_producers must be at least 1")
-        self._connection = dict(kafka_config)
-        self._topic_for = topic_for
         self._progress_topic = progress_topic
         self._timeout = float(delivery_timeout_s)
         self._txn_timeout_s = transaction_timeout_ms / 1000
         self._metadata_timeout = float(metadata_timeout_s)
         self._cap = max_cached_producers
-        self._config = client_config(
-            self._connection,
+        self._kafka = KafkaSettings(
+            type(self).__name__,
+            kafka_config,
             producer_config,
             {
                 "enable.idempotence": True,
@@ -220,20 +224,30 @@ class KafkaTransactionalSink(Sink):
                 "linger.ms": (producer_config or {}).get("linger.ms", 5),
             },
         )
-        self._cache_key = tuple(sorted((k, str(v)) for k, v in self._config.items()))
+        # Checked after the settings, so that KafkaTransactionalSink("out") hears that "out"
+        # went where the settings go.
+        self._topic_for = topic_mapping(type(self).__name__, topic_for, topic)
         self._checked: set[str] = set()
 
     # ------------------------------------------------------------------------------ lifecycle
+    def bind(self, kafka_config: Mapping[str, str]) -> Self:
+        if self._kafka.bound:
+            return self
+        bound = copy.copy(self)
+        bound._kafka = self._kafka.bind(kafka_config)
+        bound._checked = set()  # topics checked on that cluster, not shared with this unbound one
+        return bound
+
     def setup(self) -> None:
         """Fail fast on: missing output topics, no progress topic, transactions unavailable."""
         # Once per process for this configuration and these topics: another sink with the same
         # Kafka settings but other output topics must still have its topics checked.
         topics = static_topics(self._topic_for)
-        done = (os.getpid(), self._cache_key, self._progress_topic, *topics)
+        done = (os.getpid(), self._kafka.cache_key, self._progress_topic, *topics)
         with _SETUP_LOCK:
             if done in _SETUP_DONE:
                 return
-        check_topics(self._connection, topics, self._metadata_timeout)
+        check_topics(self._kafka.connection, topics, self._metadata_timeout)
         self._checked.update(topics)
         self._ensure_progress_topic()
         self._probe_transactions()
@@ -248,10 +262,10 @@ class KafkaTransactionalSink(Sink):
         topics = [resolve_topic(self._topic_for, p.stream) for p in productions]
         new = set(topics) - self._checked
         if new:
-            check_topics(self._connection, new, self._metadata_timeout)
+            check_topics(self._kafka.connection, new, self._metadata_timeout)
             self._checked |= new
         txn_id = transactional_id(shard)
-        state = _SHARDS.get(self._cache_key, txn_id)
+        state = _SHARDS.get(self._kafka.cache_key, txn_id)
         if state is not None and self._doubt_outlived(state):
             self._discard(state)
             state = None
@@ -292,7 +306,9 @@ class KafkaTransactionalSink(Sink):
 
     def close(self) -> None:
         """Abort any open transaction of this sink's producers and drop them."""
-        for state in _SHARDS.drain(self._cache_key):
+        if not self._kafka.bound:
+            return  # never delivered: no producers
+        for state in _SHARDS.drain(self._kafka.cache_key):
             self._abort_quietly(state, Deadline(self._timeout))
             self._close_producer(state)
 
@@ -536,7 +552,7 @@ class KafkaTransactionalSink(Sink):
         """Create the shard's producer and init_transactions: aborts the previous owner's
         open transaction and fences it. Progress must be read after this, never before."""
         txn_id = transactional_id(shard)
-        producer = Producer({**self._config, "transactional.id": txn_id})
+        producer = Producer({**self._kafka.producer, "transactional.id": txn_id})
         state = _ShardProducer(producer, txn_id)
         while True:
             try:
@@ -558,7 +574,7 @@ class KafkaTransactionalSink(Sink):
                         "transaction.state.log.min.isr=1)"
                     ) from None
                 raise classify(err, f"shard {shard}: init_transactions") from None
-        for old in _SHARDS.put(self._cache_key, state, self._cap):
+        for old in _SHARDS.put(self._kafka.cache_key, state, self._cap):
             self._close_producer(old)
         return state
 
@@ -569,7 +585,7 @@ class KafkaTransactionalSink(Sink):
         group = progress_group(shard, stream)
         consumer = Consumer(
             {
-                **self._connection,
+                **self._kafka.connection,
                 "group.id": group,
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
@@ -672,7 +688,7 @@ class KafkaTransactionalSink(Sink):
 
     def _discard(self, state: _ShardProducer) -> None:
         """Forget a producer that is fenced, fatal or stuck; the next call re-initialises."""
-        _SHARDS.pop(self._cache_key, state.txn_id)
+        _SHARDS.pop(self._kafka.cache_key, state.txn_id)
         self._close_producer(state)
 
     @staticmethod
@@ -683,12 +699,12 @@ class KafkaTransactionalSink(Sink):
 
     # ------------------------------------------------------------------------------ setup
     def _ensure_progress_topic(self) -> None:
-        admin = AdminClient(dict(self._connection))
+        admin = AdminClient(dict(self._kafka.connection))
         try:
             metadata = admin.list_topics(timeout=self._metadata_timeout)
         except KafkaException as exc:
             raise TransientError(
-                f"Kafka at {self._connection.get('bootstrap.servers')} did not answer ({exc}): "
+                f"Kafka at {self._kafka.connection.get('bootstrap.servers')} did not answer ({exc}): "
                 "check the bootstrap servers and that the broker runs"
             ) from None
         if self._progress_topic in metadata.topics:
@@ -716,14 +732,14 @@ class KafkaTransactionalSink(Sink):
     def _probe_transactions(self) -> None:
         """init_transactions with a throw-away id: proves the broker and ACLs allow them."""
         probe_id = f"millstream.setup-probe.{socket.gethostname()}.{os.getpid()}"
-        producer = Producer({**self._config, "transactional.id": probe_id})
+        producer = Producer({**self._kafka.producer, "transactional.id": probe_id})
         try:
             producer.init_transactions(self._metadata_timeout)
         except KafkaException as exc:
             err = kafka_error(exc)
             if err is not None and err.code() == KafkaError._TIMED_OUT:
                 raise ConfigurationError(
-                    f"Kafka at {self._connection.get('bootstrap.servers')} did not initialise a "
+                    f"Kafka at {self._kafka.connection.get('bootstrap.servers')} did not initialise a "
                     f"transaction within {self._metadata_timeout:.0f}s: transactions need a "
                     "transaction coordinator (on a single-broker Apache Kafka set "
                     "transaction.state.log.replication.factor=1 and "
@@ -733,7 +749,7 @@ class KafkaTransactionalSink(Sink):
                 error: MillstreamError = classify(err, "transactions are unavailable")
                 if isinstance(error, TransientError | FencedError):
                     error = ConfigurationError(
-                        f"transactions are unavailable on {self._connection.get('bootstrap.servers')}"
+                        f"transactions are unavailable on {self._kafka.connection.get('bootstrap.servers')}"
                         f": {err.name()} ({err.str()}); use Apache Kafka 2.5+ or KafkaIdempotentSink"
                     )
                 raise error from None

@@ -6,7 +6,9 @@ an external sink. Configured by the environment:
 
 - SINK_TARGET_INPUT / SINK_TARGET_OUTPUT: input and output topics;
 - SINK_TARGET_MODE: `transactional` (KafkaTransactionalSink) or `idempotent` (KafkaIdempotentSink);
-- SINK_TARGET_BOOTSTRAP: the output's broker (default: KAFKA_BOOTSTRAP_SERVERS);
+- SINK_TARGET_BOOTSTRAP: the output's broker, given to the sink; unset, the sink is declared
+  without Kafka settings (`KafkaTransactionalSink(topic=...)`) and the runtime binds it to the
+  application's (KAFKA_BOOTSTRAP_SERVERS);
 - SINK_TARGET_TIMEOUT_S: the sink's delivery timeout (default 30);
 - SINK_TARGET_JOURNAL: a file where every delivery the sink reports is appended as a JSON line
   (event id, partition, offset the broker acknowledged, or why it was skipped): the evidence for
@@ -18,11 +20,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
+from millstream.sinks.base import bind_sink
 
 SHARDS = 2
 
@@ -46,6 +49,10 @@ class JournaledSink:
     def keeps_shard_producers(self) -> bool:
         """Delivered where the wrapped sink would be: the driver for a transactional sink."""
         return bool(getattr(self.inner, "keeps_shard_producers", False))
+
+    def bind(self, kafka_config: Mapping[str, str]) -> JournaledSink:
+        """A wrapper binds what it wraps: the runtime only sees the wrapper."""
+        return JournaledSink(bind_sink(self.inner, kafka_config), self.path)
 
     def setup(self) -> None:
         self.inner.setup()
@@ -83,15 +90,15 @@ def topology() -> Topology:
     from millstream.sinks.kafka_idempotent import KafkaIdempotentSink
     from millstream.sinks.kafka_transactional import KafkaTransactionalSink
 
-    bootstrap = os.environ.get("SINK_TARGET_BOOTSTRAP") or os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-    kafka = {"bootstrap.servers": bootstrap}
+    bootstrap = os.environ.get("SINK_TARGET_BOOTSTRAP")
+    kafka = {"bootstrap.servers": bootstrap} if bootstrap else None
     output = os.environ["SINK_TARGET_OUTPUT"]
     timeout = float(os.environ.get("SINK_TARGET_TIMEOUT_S", "30"))
     mode = os.environ["SINK_TARGET_MODE"]
     if mode == "transactional":
-        sink: object = KafkaTransactionalSink(kafka, output, delivery_timeout_s=timeout)
+        sink: object = KafkaTransactionalSink(kafka, topic=output, delivery_timeout_s=timeout)
     elif mode == "idempotent":
-        sink = KafkaIdempotentSink(kafka, output, delivery_timeout_s=timeout)
+        sink = KafkaIdempotentSink(kafka, topic=output, delivery_timeout_s=timeout)
     else:
         raise ValueError(f"SINK_TARGET_MODE={mode!r}: expected transactional or idempotent")
     journal = os.environ.get("SINK_TARGET_JOURNAL")

@@ -133,8 +133,8 @@ def test_internal_stream_and_dead_letter_producers_carry_the_extras(ends: Endpoi
     for factory in internal:
         sink = pickle.loads(pickle.dumps(factory))()
         assert isinstance(sink, KafkaStreamSink)
-        assert_secured(sink._config, f"producer of {factory.topic}")
-        assert_secured(sink._connection, f"metadata client of {factory.topic}")
+        assert_secured(sink._kafka.producer, f"producer of {factory.topic}")
+        assert_secured(sink._kafka.connection, f"metadata client of {factory.topic}")
 
 
 def test_demo_pipeline_sinks_carry_the_extras(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,15 +145,22 @@ def test_demo_pipeline_sinks_carry_the_extras(monkeypatch: pytest.MonkeyPatch) -
     assert topology.sinks
     for stream, sink in topology.sinks.items():
         assert isinstance(sink, KafkaTransactionalSink)
-        assert_secured(sink._config, f"demo sink {stream} producer")
-        assert_secured(sink._connection, f"demo sink {stream} admin and progress consumer")
+        assert_secured(sink._kafka.producer, f"demo sink {stream} producer")
+        assert_secured(sink._kafka.connection, f"demo sink {stream} admin and progress consumer")
 
 
 def test_user_sink_from_kafka_config_carries_the_extras(settings: Settings) -> None:
     sink = KafkaTransactionalSink(settings.kafka_config(), "out")
-    assert_secured(sink._config, "KafkaTransactionalSink producer")
+    assert_secured(sink._kafka.producer, "KafkaTransactionalSink producer")
     stream = KafkaStreamSink(settings.kafka_config(), "out")
-    assert_secured(stream._config, "KafkaStreamSink producer")
+    assert_secured(stream._kafka.producer, "KafkaStreamSink producer")
+
+
+def test_user_sink_without_settings_is_bound_with_the_extras(ends: Endpoints) -> None:
+    """`KafkaTransactionalSink(topic=...)` gets the driver's endpoints, security included."""
+    bound = KafkaTransactionalSink(topic="out").bind(ends.kafka)
+    assert_secured(bound._kafka.producer, "bound KafkaTransactionalSink producer")
+    assert_secured(bound._kafka.connection, "bound KafkaTransactionalSink admin and consumer")
 
 
 def test_an_invalid_setting_is_a_configuration_error_without_the_password() -> None:

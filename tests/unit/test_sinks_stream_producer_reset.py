@@ -14,7 +14,7 @@ from millstream.sinks.kafka_stream import _PRODUCERS
 def cached_producer(sink: KafkaIdempotentSink) -> SimpleNamespace:
     purged: list[bool] = []
     producer = SimpleNamespace(purge=lambda **_: purged.append(True), purged=purged)
-    _PRODUCERS.put(sink._cache_key, producer)
+    _PRODUCERS.put(sink._kafka.cache_key, producer)
     return producer
 
 
@@ -25,7 +25,7 @@ def test_a_fenced_producer_is_dropped_and_purged() -> None:
     error = sink._failure(KafkaError(KafkaError.PRODUCER_FENCED, "fenced"), "shard 0")
     assert isinstance(error, TransientError)
     assert "replaced" in str(error)
-    assert _PRODUCERS.get(sink._cache_key) is None
+    assert _PRODUCERS.get(sink._kafka.cache_key) is None
     assert producer.purged == [True]
 
 
@@ -34,7 +34,7 @@ def test_a_fatal_error_drops_the_producer_too() -> None:
     cached_producer(sink)
     error = sink._failure(KafkaError(KafkaError._FATAL, "fatal", fatal=True), "shard 0")
     assert isinstance(error, TransientError)
-    assert _PRODUCERS.get(sink._cache_key) is None
+    assert _PRODUCERS.get(sink._kafka.cache_key) is None
 
 
 def test_a_retriable_error_keeps_the_producer() -> None:
@@ -42,5 +42,5 @@ def test_a_retriable_error_keeps_the_producer() -> None:
     producer = cached_producer(sink)
     error = sink._failure(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out"), "shard 0")
     assert isinstance(error, TransientError)
-    assert _PRODUCERS.get(sink._cache_key) is producer
+    assert _PRODUCERS.get(sink._kafka.cache_key) is producer
     assert producer.purged == []
