@@ -1,0 +1,1 @@
+"""Runnable example pipelines; each folder has its pipeline and its unit tests."""

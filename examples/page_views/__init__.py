@@ -1,0 +1,1 @@
+"""Page views per page and window, and each window's busiest pages."""
