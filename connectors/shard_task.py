@@ -266,6 +266,8 @@ def _run_once(
     # Due timers fire first: each has time <= W (the batch's input watermark) while every
     # on-time record of the batch has timestamp >= W, so in event time the timers come first.
     for timer in firing_order(due):
+        if txn.has_timer_op(timer.key, timer.tag):
+            continue  # an earlier firing of this batch moved or deleted it
         txn.delete_timer(timer.key, timer.tag)
         outcome = runner.call(timer.key, spec.computation.process_timer, timer)
         if isinstance(outcome, Exception):
