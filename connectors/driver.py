@@ -39,6 +39,7 @@ from millstream.state.watermarks import (
     now_ms,
     percentile_watermark,
 )
+from millstream.status import record_batch_seconds
 
 log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 4  # for internal topics created here; existing ones keep their own count
@@ -433,6 +434,7 @@ class ComputationRunner:
         for name, amount in totals.items():
             pipe.hincrby(self.metrics_key, name, amount)
         pipe.hincrby(self.metrics_key, "batches", 1)
+        record_batch_seconds(pipe, self.metrics_key, seconds)
         pipe.hset(
             self.metrics_key,
             mapping={
