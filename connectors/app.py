@@ -18,6 +18,7 @@ from typing import Any
 from millstream.connectors.driver import DEFAULT_PARTITIONS, ComputationRunner, Endpoints
 from millstream.connectors.topics import ensure_topics
 from millstream.connectors.topology import Topology
+from millstream.errors import ConfigurationError
 from millstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -111,9 +112,15 @@ class Application:
         self.restarts: dict[str, list[float]] = {}
 
     def prepare(self) -> None:
+        streams = self.topology.internal_streams()
+        if self.settings.runtime == "fused":  # only the topics something outside reads
+            from millstream.connectors.fused import FusedRunner
+
+            written = set(FusedRunner(self.topology, self.settings, self.endpoints).topics())
+            streams = [s for s in streams if self.topology.topic_of(s) in written]
         topics = {
             self.topology.topic_of(s): self.topology.partitions.get(s, DEFAULT_PARTITIONS)
-            for s in self.topology.internal_streams()
+            for s in streams
         }
         ensure_topics(self.endpoints.kafka, topics)
 
@@ -121,8 +128,12 @@ class Application:
         """Start computations (all by default); others already running are left untouched.
 
         Every runner is built (its checks done: the recorded shard count) before any query
-        starts, so a configuration error starts nothing.
+        starts, so a configuration error starts nothing. With MILLSTREAM_RUNTIME=fused one query
+        runs every computation (connectors/fused.py).
         """
+        if self.settings.runtime == "fused":
+            self._start_fused(names)
+            return
         runners = {
             name: ComputationRunner(
                 self.topology, self.topology.computations[name], self.settings, self.endpoints
@@ -134,6 +145,24 @@ class Application:
             runner.start(self.spark)
             self.runners[name] = runner
             log.info("started computation %s", name)
+
+    def _start_fused(self, names: list[str] | None) -> None:
+        from millstream.connectors.fused import FUSED, FusedRunner
+
+        wanted = names or list(self.topology.computations)
+        running = self.runners.get(FUSED)
+        if running is not None:
+            missing = sorted(set(wanted) - set(running.order))
+            if missing:
+                raise ConfigurationError(
+                    f"cannot add {missing} to the running fused query: restart the application "
+                    f"with them (adding computations at run time needs MILLSTREAM_RUNTIME=queries)"
+                )
+            return
+        runner = FusedRunner(self.topology, self.settings, self.endpoints, wanted)
+        runner.start(self.spark)
+        self.runners[FUSED] = runner  # type: ignore[assignment]
+        log.info("started the fused query: %s", " -> ".join(runner.order))
 
     def check(self) -> None:
         """Restart a failed query from its checkpoint, or raise once restarts are used up.

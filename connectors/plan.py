@@ -35,6 +35,10 @@ class BatchPlan:
     # The computation's published low watermark when the batch was planned: a watermark hold
     # set behind it could not be honoured (see Context.set_timer).
     output_watermark: int = UNKNOWN
+    # The fused runtime hands productions to consumers inside the batch (connectors/fused.py):
+    # weak productions are then checkpointed like strong ones, since nothing delivers them
+    # before the commit.
+    handover: bool = False
 
 
 @dataclass(frozen=True)

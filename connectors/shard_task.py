@@ -149,7 +149,8 @@ class _KeyRunner:
         self.states = states
         self.serde = serde_named(spec.options.serde)
         self.counters: dict[str, int] = {}
-        self.weak: list[Production] | None = [] if spec.options.productions == "weak" else None
+        weak = spec.options.productions == "weak" and not plan.handover
+        self.weak: list[Production] | None = [] if weak else None
 
     def _id_factory(self, origin: Record | Timer) -> Any:
         """Strong productions get random ids, fixed when checkpointed. Weak productions are sent

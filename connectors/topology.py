@@ -77,8 +77,7 @@ class ComputationOptions:
         skew = self.allowed_timestamp_skew_ms
         if not isinstance(skew, int) or isinstance(skew, bool) or skew < 0:
             raise ConfigurationError(
-                f"computation {name!r}: allowed_timestamp_skew_ms must be an int >= 0, "
-                f"got {skew!r}"
+                f"computation {name!r}: allowed_timestamp_skew_ms must be an int >= 0, got {skew!r}"
             )
         if self.delivery not in ("auto", "driver", "task"):
             raise ConfigurationError(
@@ -105,6 +104,7 @@ class Topology:
     sinks: dict[str, Any] = field(default_factory=dict)
     partitions: dict[str, int] = field(default_factory=dict)
     out_of_order_ms: dict[str, int] = field(default_factory=dict)
+    published: set[str] = field(default_factory=set)
 
     def source(self, stream: str, *sources: Source, max_out_of_order_ms: int = 0) -> Topology:
         """Declare an injected stream fed by one or more injectors (e.g. two datacenters).
@@ -171,6 +171,13 @@ class Topology:
         self.sinks[stream] = sink
         return self
 
+    def publish(self, stream: str) -> Topology:
+        """Write a produced stream to its Kafka topic (`topic_of`) even where only computations
+        of this application consume it: for readers outside it (another application, a
+        computation added later that starts from the earliest record)."""
+        self.published.add(stream)
+        return self
+
     # --- queries -----------------------------------------------------------------------------
     def producer_of(self, stream: str) -> list[str]:
         return [c.name for c in self.computations.values() if stream in c.outputs]
@@ -215,6 +222,10 @@ class Topology:
                         f"computation {spec.name!r}: weak productions go only to internal "
                         f"streams, but {external} have sinks; use productions='strong'"
                     )
+        for stream in sorted(self.published - produced):
+            raise ConfigurationError(
+                f"publish({stream!r}): no computation produces it; add it to one's outputs"
+            )
         for stream in self.sinks:
             if stream not in produced:
                 raise ConfigurationError(

@@ -17,13 +17,15 @@ The runtime does not import this module: it calls `millstream.fault_points.fault
 (`with_crash_hook(env)` adds that to a pipeline's environment when it asks for a crash;
 `PipelineProcess` does so).
 
-Points (see `connectors/delivery.py` and `sinks/kafka_transactional.py`):
+Points (see `connectors/delivery.py`, `connectors/fused.py` and `sinks/kafka_transactional.py`):
 
 - `after_redis_commit`: productions are checkpointed in Redis; the sink was not called yet.
 - `before_kafka_commit`: `KafkaTransactionalSink` produced the records and they are
   acknowledged, the transaction (with its progress offsets) is not committed.
 - `after_kafka_commit`: the sink's `deliver` returned (committed / acknowledged by Kafka); the
   checkpoints are not acknowledged in Redis yet.
+- `fused_after_consumers_commit` (`connectors/fused.py`): in a batch that handed productions
+  over, every consumer committed them; nothing is delivered outside or acknowledged yet.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ from pathlib import Path
 
 from millstream.fault_points import ENV_HOOK
 
-POINTS = ("after_redis_commit", "before_kafka_commit", "after_kafka_commit")
+POINTS = (
+    "after_redis_commit",
+    "before_kafka_commit",
+    "after_kafka_commit",
+    "fused_after_consumers_commit",
+)
 ENV_AT = "MILLSTREAM_TEST_CRASH_AT"
 ENV_FILE = "MILLSTREAM_TEST_CRASH_FILE"
 HOOK = "millstream.testing._crash:crash_point"  # MILLSTREAM_TEST_FAULT_HOOK naming crash_point

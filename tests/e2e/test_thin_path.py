@@ -43,9 +43,12 @@ def _read_all(bootstrap: str, topic: str, partitions: int, expected: int) -> lis
     return out
 
 
-@pytest.mark.parametrize("delivery", ["driver", "task"])
+@pytest.mark.parametrize(
+    ("delivery", "runtime"), [("driver", "queries"), ("task", "queries"), ("auto", "fused")]
+)
 def test_kafka_to_kafka_exactly_once_with_duplicates(
     delivery: str,
+    runtime: str,
     start_app: Any,
     kafka_bootstrap: str,
     kafka_topic_factory: Any,
@@ -71,7 +74,7 @@ def test_kafka_to_kafka_exactly_once_with_duplicates(
     topology.computation(
         "counter", ClickCounter(), inputs=["clicks"], outputs=["counts"], delivery=delivery
     )
-    app = start_app(topology)
+    app = start_app(topology, runtime=runtime)
     metrics = app_key(redis_namespace, "metrics", "counter")
 
     def done() -> bool:

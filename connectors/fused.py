@@ -1,0 +1,584 @@
+"""One Structured Streaming query per application: every computation runs in each micro-batch.
+
+Cloud Dataflow's fusion with MillWheel's strong productions, the micro-batch as the delivery
+channel (DESIGN.md section 2, "Direction"). Per micro-batch, on the driver:
+
+1. *read*: the batch's injected rows come to the driver once, as Arrow;
+2. for each computation in topological order:
+   - *input watermark*: injectors' estimates, and the watermarks its producers published
+     earlier in this batch (which still count the productions handed to it as their oldest
+     work: in flight until it commits);
+   - *route*: each row's key by this computation's extractor, its shard by the key, computed
+     once; productions handed over by producers run through the same extractors;
+   - *run shards*: one Spark job, shards that have input, a due timer or pending productions
+     only, several shards per task (`connectors.shard_task.run_shard`: acquire, dedup, fire
+     timers, run records, commit). Shards return their checkpointed productions;
+   - *publish* its low watermark, and *hand over* its productions to its consumers;
+3. *deliver* productions bound outside the application (sinks, dead letters, published
+   streams) and *acknowledge* every shard's checkpoints under the lease they were committed
+   with, once every consumer committed them and every external target took them.
+
+A crash anywhere re-runs the batch: producers find their checkpoints still pending and hand
+them over again, consumers drop what they already applied (same production id, same position:
+a replay). A stream consumed only inside the application never touches Kafka.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from millstream.connectors.delivery import Target, deliver_all
+from millstream.connectors.driver import (
+    OOM_RETRY_SECONDS,
+    Endpoints,
+    InternalStreamSink,
+    UserSink,
+    _route,
+    redis_out_of_memory,
+)
+from millstream.connectors.plan import BatchPlan, TaskInput
+from millstream.connectors.shard_task import ShardResult, run_shard
+from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
+from millstream.errors import ConfigurationError, FencedError, MillstreamError
+from millstream.fault_points import fault_point
+from millstream.records import Production
+from millstream.settings import Settings, mask_url
+from millstream.state.client import connect
+from millstream.state.keys import ShardKeys, app_key
+from millstream.state.shard import ShardConfig, acknowledge, oldest_work
+from millstream.state.watermarks import (
+    INFINITY,
+    NONE_KNOWN,
+    Watermark,
+    WatermarkAuthority,
+    merge_min,
+    now_ms,
+    percentile_watermark,
+)
+from millstream.status import record_batch_seconds
+
+log = logging.getLogger(__name__)
+COLUMNS = (
+    "stream", "id", "key", "value", "timestamp", "system_time", "source", "partition", "offset",
+    "headers", "error",
+)  # fmt: skip
+DELIVERY_THREADS = 8
+FUSED = "(fused)"  # the fused runner's name among an Application's runners
+
+
+def topological_order(topology: Topology, names: Sequence[str]) -> list[str]:
+    """Producers before consumers (Kahn's algorithm, declaration order among equals).
+
+    A cycle cannot run in one pass of a batch: refused with the computations on it.
+    """
+    chosen = [n for n in topology.computations if n in set(names)]
+    upstream = {
+        n: {p for s in topology.computations[n].inputs for p in topology.producer_of(s)} & set(chosen)
+        for n in chosen
+    }  # fmt: skip
+    order: list[str] = []
+    while len(order) < len(chosen):
+        ready = [n for n in chosen if n not in order and upstream[n] <= set(order)]
+        if not ready:
+            cycle = sorted(n for n in chosen if n not in order)
+            raise ConfigurationError(
+                f"computations {cycle} form a cycle: the fused runtime runs each micro-batch "
+                f"in one pass from producers to consumers (MILLSTREAM_RUNTIME=queries runs them)"
+            )
+        order.extend(ready)
+    return order
+
+
+@dataclass
+class Stage:
+    """One computation's wiring inside the fused query."""
+
+    spec: ComputationSpec
+    shards: int
+    config: ShardConfig
+    targets: dict[str, tuple[Target, ...]]  # stream -> targets outside the application
+    consumers: dict[str, list[str]]  # stream -> computations of this application reading it
+    metrics_key: str
+    last_batch: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def keys(self, app: str) -> list[ShardKeys]:
+        return [ShardKeys(app, self.name, s) for s in range(self.shards)]
+
+
+@dataclass
+class _Done:
+    """A shard's committed, unacknowledged productions after its task: what the end of the
+    batch delivers outside and acknowledges."""
+
+    stage: Stage
+    plan: BatchPlan
+    result: ShardResult
+
+
+def _fused_task(
+    plan: BatchPlan, spec: ComputationSpec, groups: Iterator[list[tuple[int, list[TaskInput]]]]
+) -> Iterator[ShardResult]:
+    """Executor side: run the shards of this task one after the other."""
+    for group in groups:
+        for shard, items in group:
+            yield run_shard(plan, spec, shard, items)
+
+
+def _rows(table: Any) -> list[tuple]:
+    """Arrow rows as the tuples the shard tasks read (headers as (key, value) pairs)."""
+    if table.num_rows == 0:
+        return []
+    columns = [table.column(name).to_pylist() for name in COLUMNS]
+    headers = COLUMNS.index("headers")
+    columns[headers] = [
+        None if items is None else [(h["key"], h["value"]) for h in items]
+        for items in columns[headers]
+    ]
+    return list(zip(*columns, strict=True))
+
+
+def _handed_row(producer: str, shard: int, production: Production) -> tuple:
+    """A checkpointed production as a consumer's input row. Its position (producer, shard,
+    seq) is fixed at the checkpoint, so a production handed over again after a crash is a
+    replay to the consumer's catalog, and is dropped."""
+    return (
+        production.stream,
+        production.id,
+        production.key.encode("utf-8", "surrogatepass"),
+        production.value,
+        production.timestamp,
+        production.system_time,
+        producer,
+        shard,
+        production.seq,
+        list(production.headers),
+        None,
+    )
+
+
+class FusedRunner:
+    """The single streaming query of an application and its per-batch protocol."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        settings: Settings,
+        endpoints: Endpoints,
+        names: Sequence[str] | None = None,
+    ) -> None:
+        self.topology = topology
+        self.settings = settings
+        self.endpoints = endpoints
+        self.order = topological_order(topology, names or list(topology.computations))
+        self.client = connect(endpoints.redis_url)
+        self.authority = WatermarkAuthority(self.client, topology.app)
+        self.stages = {name: self._stage(topology.computations[name]) for name in self.order}
+        self.query: Any = None
+        self.last_batch: dict[str, Any] = {}
+        self._pool = ThreadPoolExecutor(DELIVERY_THREADS, thread_name_prefix="millstream-deliver")
+
+    # --- wiring ------------------------------------------------------------------------------
+    def _stage(self, spec: ComputationSpec) -> Stage:
+        from millstream.state.shard_count import record_shard_count
+
+        shards = spec.options.shards or self.settings.shards
+        record_shard_count(self.client, self.topology.app, spec.name, shards)
+        consumers = {
+            s: [c for c in self.topology.consumers_of(s) if c in self.order] for s in spec.outputs
+        }
+        return Stage(
+            spec=spec,
+            shards=shards,
+            config=ShardConfig(
+                bucket_ms=self.settings.bucket_seconds * 1000,
+                bloom_expected=self.settings.bloom_expected,
+                bloom_fp_rate=self.settings.bloom_fp_rate,
+                use_bloom=spec.options.use_bloom,
+            ),
+            targets={s: self._targets(s, consumers[s]) for s in spec.outputs},
+            consumers={s: c for s, c in consumers.items() if c},
+            metrics_key=app_key(self.topology.app, "metrics", spec.name),
+        )
+
+    def _targets(self, stream: str, consumers: list[str]) -> tuple[Target, ...]:
+        """Where a stream goes outside the application: its sink; its topic when something
+        outside may read it (dead letters, a stream nothing here consumes, a published one)."""
+        kafka = tuple(sorted(self.endpoints.kafka.items()))
+        targets: list[Target] = []
+        sink = self.topology.sinks.get(stream)
+        external_topic = stream == DEAD_LETTERS or stream in self.topology.published
+        if external_topic or (not consumers and sink is None):
+            targets.append(Target(InternalStreamSink(self.topology.topic_of(stream), kafka), 0))
+        if sink is not None:
+            targets.append(Target(UserSink.bound(sink, dict(self.endpoints.kafka)), len(targets)))
+        return tuple(targets)
+
+    def topics(self) -> list[str]:
+        """The Kafka topics this application writes (and so creates at start)."""
+        return sorted(
+            {
+                target.factory.topic
+                for stage in self.stages.values()
+                for targets in stage.targets.values()
+                for target in targets
+                if isinstance(target.factory, InternalStreamSink)
+            }
+        )
+
+    def _instance(self, source_name: str) -> str:
+        return f"{source_name}@{self.topology.app}"
+
+    def input_frame(self, spark: Any) -> Any:
+        """Every injected stream the running computations read, each source read once."""
+        streams = sorted(
+            {s for n in self.order for s in self.topology.computations[n].inputs}
+            & set(self.topology.sources)
+        )
+        if not streams:
+            raise ConfigurationError(
+                "the fused runtime needs at least one injected stream (declare one with .source())"
+            )
+        frames = []
+        kafka = dict(self.endpoints.kafka)
+        bootstrap = kafka.pop("bootstrap.servers")
+        for stream in streams:
+            for src in self.topology.sources[stream]:
+                reader = spark.readStream.format(src.format).options(**src.options)
+                if src.format == "millstream-kafka":
+                    reader = reader.option("bootstrap.servers", bootstrap).option(
+                        "maxFutureMs", str(self.settings.max_future_ms)
+                    )
+                    for key, value in kafka.items():
+                        reader = reader.option(f"kafka.{key}", value)
+                frames.append(
+                    reader.option("stream", stream)
+                    .option("instance", self._instance(src.name))
+                    .option("app", self.topology.app)
+                    .option("redis.url", self.endpoints.redis_url)
+                    .option("tickMs", str(max(100, self.settings.trigger_ms)))
+                    .option("idleSlackMs", str(self.settings.idle_slack_ms))
+                    .option("outageGraceMs", str(self.settings.outage_grace_ms))
+                    .option("maxRecordsPerTrigger", str(self.settings.max_records_per_batch))
+                    .load()
+                )
+        return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+    def start(self, spark: Any) -> Any:
+        checkpoint = f"{self.settings.checkpoint_dir}/{self.topology.app}/fused"
+        self.query = (
+            self.input_frame(spark)
+            .writeStream.queryName(f"{self.topology.app}.fused")
+            .foreachBatch(self.process_batch)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=f"{self.settings.trigger_ms} milliseconds")
+            .start()
+        )
+        return self.query
+
+    # --- the per-batch protocol --------------------------------------------------------------
+    def process_batch(self, batch_df: Any, batch_id: int) -> None:
+        """Run one micro-batch; while Redis is at maxmemory, say so and run it again (a refused
+        commit writes nothing and a re-run is a replay, see ComputationRunner.process_batch)."""
+        deadline = time.monotonic() + OOM_RETRY_SECONDS
+        delay = 1.0
+        while True:
+            try:
+                self._run_batch(batch_df, batch_id)
+                return
+            except Exception as exc:
+                if not redis_out_of_memory(exc):
+                    raise
+                message = (
+                    f"Redis at {mask_url(self.endpoints.redis_url)} is at maxmemory and refuses "
+                    f"writes (OOM command not allowed): application {self.topology.app!r} "
+                    f"cannot commit batch {batch_id}. Fix: raise Redis maxmemory (CONFIG SET "
+                    "maxmemory <bytes>, 0 for no limit) or free memory, and keep "
+                    "maxmemory-policy noeviction (evicting would lose state)."
+                )
+                if self.query is not None and not self.query.isActive:
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise MillstreamError(
+                        f"{message} Gave up after {OOM_RETRY_SECONDS} s; restart when fixed."
+                    ) from None
+                log.error("%s Retrying in %.0f s.", message, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _run_batch(self, batch_df: Any, batch_id: int) -> None:
+        started = time.perf_counter()
+        spark = batch_df.sparkSession
+        rows = _rows(batch_df.toArrow())
+        read = time.perf_counter()
+        by_stream: dict[str, list[tuple]] = {}
+        for row in rows:
+            by_stream.setdefault(row[0], []).append(row)
+        now = now_ms()
+        injected = self._injected_watermarks()
+        published: dict[str, Watermark] = {}
+        handed: dict[str, list[tuple]] = {}
+        done: list[_Done] = []
+        phases: dict[str, float] = {"read": round(read - started, 4)}
+        for name in self.order:
+            stage = self.stages[name]
+            stage_started = time.perf_counter()
+            input_wm = self._input_watermark(stage, injected, published)
+            plan = self._plan(stage, batch_id, input_wm, now)
+            inputs = self._route(stage, by_stream, handed)
+            busy = self._busy_shards(stage, inputs, input_wm.event, now)
+            results = self._run_shards(spark, plan, stage, inputs, busy)
+            oldest = oldest_work(self.client, stage.keys(self.topology.app))
+            published[name] = self.authority.publish(name, merge_min([input_wm, *oldest]))
+            for result in results:
+                if result.outstanding:
+                    done.append(_Done(stage, plan, result))
+                for production in result.outstanding:
+                    if production.stream in stage.consumers:
+                        handed.setdefault(production.stream, []).append(
+                            _handed_row(name, result.shard, production)
+                        )
+            stage.last_batch = self._stage_metrics(
+                stage, batch_id, input_wm, published[name], oldest, results, busy
+            )
+            phases[name] = round(time.perf_counter() - stage_started, 4)
+        if done:
+            fault_point("fused_after_consumers_commit")  # consumers committed, nothing acked
+        delivery_started = time.perf_counter()
+        delivery = self._deliver_and_acknowledge(done)
+        phases["deliver_ack"] = round(time.perf_counter() - delivery_started, 4)
+        self._record(batch_id, delivery, time.perf_counter() - started, len(rows), phases)
+
+    def _injected_watermarks(self) -> dict[str, Watermark]:
+        """Each injected stream's estimate (min over its sources), less its out-of-order bound."""
+        out: dict[str, Watermark] = {}
+        for stream, sources in self.topology.sources.items():
+            estimate = self.authority.injector_watermark(
+                stream, [self._instance(s.name) for s in sources]
+            )
+            bound = self.topology.out_of_order_ms.get(stream, 0)
+            if estimate.event > NONE_KNOWN.event:
+                estimate = Watermark(estimate.event - bound, estimate.system)
+            out[stream] = estimate
+        return out
+
+    def _input_watermark(
+        self, stage: Stage, injected: dict[str, Watermark], published: dict[str, Watermark]
+    ) -> Watermark:
+        """min over input streams: injector estimates, or producers' watermarks as published
+        after their commits in this batch (their handed productions still count there)."""
+        parts: list[Watermark] = []
+        for stream in stage.spec.inputs:
+            if stream in self.topology.sources:
+                parts.append(injected.get(stream, NONE_KNOWN))
+                continue
+            for producer in self.topology.producer_of(stream):
+                value = published.get(producer) or self.authority.published(producer)
+                parts.append(value or NONE_KNOWN)
+        return self.authority.publish(f"{stage.name}#input", merge_min(parts))
+
+    def _plan(self, stage: Stage, batch_id: int, input_wm: Watermark, now: int) -> BatchPlan:
+        output_wm = self.authority.published(stage.name) or NONE_KNOWN
+        internal = frozenset(s for s in stage.spec.inputs if s not in self.topology.sources)
+        return BatchPlan(
+            app=self.topology.app,
+            batch_id=batch_id,
+            redis_url=self.endpoints.redis_url,
+            shards=stage.shards,
+            shard_config=stage.config,
+            input_watermark=input_wm,
+            gc_watermark=input_wm.system - self.settings.gc_slack_seconds * 1000,
+            now=now,
+            user_retries=self.settings.user_retries,
+            fail_stop=self.settings.on_user_error == "fail-stop",
+            internal_inputs=internal,
+            deliveries=stage.targets,
+            in_flight_streams=frozenset(),
+            max_record_bytes=self.settings.max_record_bytes,
+            max_future_ms=self.settings.max_future_ms,
+            deliver_in_task=False,
+            output_watermark=output_wm.event,
+            handover=True,
+        )
+
+    def _route(
+        self, stage: Stage, by_stream: dict[str, list[tuple]], handed: dict[str, list[tuple]]
+    ) -> dict[int, list[TaskInput]]:
+        """Each input row's shard under this computation's key extractors, computed once."""
+        extractors = dict(stage.spec.inputs)
+        rows = [row for s in extractors for row in (*by_stream.get(s, ()), *handed.get(s, ()))]
+        inputs: dict[int, list[TaskInput]] = {}
+        for shard, item in _route(extractors, stage.shards, iter(rows)):
+            inputs.setdefault(shard, []).append(item)
+        return inputs
+
+    def _busy_shards(
+        self, stage: Stage, inputs: dict[int, list[TaskInput]], event_wm: int, now: int
+    ) -> list[int]:
+        """Shards with input, a due timer or pending productions: the others run no task."""
+        idle = [s for s in range(stage.shards) if s not in inputs]
+        if not idle:
+            return list(range(stage.shards))
+        pipe = self.client.pipeline(transaction=False)
+        for shard in idle:
+            keys = ShardKeys(self.topology.app, stage.name, shard)
+            pipe.zrangebyscore(keys.timers("event"), "-inf", event_wm, start=0, num=1)
+            pipe.zrangebyscore(keys.timers("wall"), "-inf", now, start=0, num=1)
+            pipe.hlen(keys.productions)
+        answers = pipe.execute()
+        working = {
+            shard
+            for i, shard in enumerate(idle)
+            if answers[3 * i] or answers[3 * i + 1] or answers[3 * i + 2]
+        }
+        return sorted(set(inputs) | working)
+
+    def _run_shards(
+        self,
+        spark: Any,
+        plan: BatchPlan,
+        stage: Stage,
+        inputs: dict[int, list[TaskInput]],
+        busy: list[int],
+    ) -> list[ShardResult]:
+        """One Spark job: the busy shards, grouped into at most as many tasks as cores.
+
+        A small batch (MILLSTREAM_SMALL_BATCH_ROWS) runs its shards in this process instead:
+        scheduling a Spark job costs about 0.2 s here, running a few shards a few ms. The
+        protocol is the same (leases, dedup, one commit per shard).
+        """
+        if not busy:
+            return []
+        rows = sum(len(inputs.get(s, ())) for s in busy)
+        if rows <= self.settings.small_batch_rows:
+            return [run_shard(plan, stage.spec, s, list(inputs.get(s, []))) for s in busy]
+        context = spark.sparkContext
+        slots = max(1, min(len(busy), context.defaultParallelism))
+        groups = [[(s, inputs.get(s, [])) for s in busy[i::slots]] for i in range(slots)]
+        context.setLocalProperty("spark.scheduler.pool", "millstream")
+        job = context.parallelize(groups, slots).mapPartitions(
+            functools.partial(_fused_task, plan, stage.spec)
+        )
+        return list(job.collect())
+
+    def _deliver_and_acknowledge(self, done: list[_Done]) -> dict[str, dict[str, int]]:
+        """Deliver what leaves the application, then acknowledge each shard's checkpoints."""
+        futures = [(d, self._pool.submit(self._settle, d)) for d in done]
+        out: dict[str, dict[str, int]] = {}
+        for item, future in futures:
+            totals = out.setdefault(item.stage.name, {})
+            for name, amount in future.result().items():
+                totals[name] = totals.get(name, 0) + amount
+        return out
+
+    def _settle(self, item: _Done) -> dict[str, int]:
+        stage, result = item.stage, item.result
+        keys = ShardKeys(self.topology.app, stage.name, result.shard)
+        outside = [p for p in result.outstanding if stage.targets.get(p.stream)]
+        inside_only = [p for p in result.outstanding if not stage.targets.get(p.stream)]
+        settled = list(inside_only)  # every consumer committed them: the batch got here
+        counters: dict[str, int] = {}
+        if outside:
+            try:
+                settled += deliver_all(item.plan, stage.name, result.shard, outside)
+                counters["delivered"] = len(outside)
+            except ConfigurationError:
+                raise
+            except (MillstreamError, KafkaException) as exc:
+                log.warning("shard %s: delivery failed, will retry: %s", keys.tag, exc)
+                counters["delivery_failures"] = 1
+        if inside_only:
+            counters["handed_over"] = len(inside_only)
+        if not settled:
+            return counters
+        assert result.lease is not None, "a shard result with outstanding productions has a lease"
+        try:
+            acknowledge(self.client, keys, result.lease, settled, {"acknowledged": len(settled)})
+        except FencedError as exc:
+            # A newer owner holds the shard: it hands over and delivers these again, and
+            # consumers and sinks drop what they already have.
+            log.warning("shard %s: settled, not acknowledged (%s)", keys.tag, exc)
+            counters["acks_fenced"] = 1
+        except MillstreamError as exc:
+            log.warning("shard %s: acknowledgement failed, will retry: %s", keys.tag, exc)
+            counters["ack_failures"] = 1
+        else:
+            counters["redelivered"] = result.redelivered
+        return counters
+
+    # --- metrics -----------------------------------------------------------------------------
+    def _stage_metrics(
+        self,
+        stage: Stage,
+        batch_id: int,
+        input_wm: Watermark,
+        published: Watermark,
+        oldest: list[Watermark],
+        results: list[ShardResult],
+        busy: list[int],
+    ) -> dict[str, Any]:
+        """What the computation's metrics hash shows of this batch; counters under "counters"."""
+        totals: dict[str, int] = {}
+        for result in results:
+            for name, amount in result.counters.items():
+                totals[name] = totals.get(name, 0) + amount
+        pending = [w.event for w in oldest if w.event < INFINITY]
+        p99 = (
+            min(input_wm.event, percentile_watermark(pending, 0.99)) if pending else input_wm.event
+        )
+        return {
+            "batch_id": batch_id,
+            "input_watermark": input_wm.event,
+            "low_watermark": published.event,
+            "p99_watermark": p99,
+            "shard_tasks": len(busy),
+            "round_trips": sum(r.round_trips for r in results),
+            "fenced_retries": sum(r.fenced_retries for r in results),
+            "shard_task_max": round(max((r.seconds for r in results), default=0.0), 4),
+            "counters": totals,
+        }
+
+    def _record(
+        self,
+        batch_id: int,
+        delivery: dict[str, dict[str, int]],
+        seconds: float,
+        rows: int,
+        phases: dict[str, float],
+    ) -> None:
+        """Per computation: counters summed into its metrics hash (as ComputationRunner does),
+        and the batch's figures as its last_batch; the batch's phases under "#fused"."""
+        pipe = self.client.pipeline(transaction=False)
+        for stage in self.stages.values():
+            info = dict(stage.last_batch)
+            counters = dict(info.pop("counters", {}))
+            for name, amount in delivery.get(stage.name, {}).items():
+                counters[name] = counters.get(name, 0) + amount
+            for name, amount in counters.items():
+                pipe.hincrby(stage.metrics_key, name, amount)
+            pipe.hincrby(stage.metrics_key, "batches", 1)
+            record_batch_seconds(pipe, stage.metrics_key, seconds)
+            last = {**info, "seconds": round(seconds, 4), **counters}
+            pipe.hset(
+                stage.metrics_key,
+                mapping={"last_batch": json.dumps(last), "updated_at": now_ms()},
+            )
+        self.last_batch = {"batch_id": batch_id, "rows": rows, "phases": phases}
+        pipe.hset(
+            app_key(self.topology.app, "fused"),
+            mapping={"last_batch": json.dumps(self.last_batch), "updated_at": now_ms()},
+        )
+        pipe.execute()
+        log.debug("batch %s: %s", batch_id, self.last_batch)
