@@ -25,7 +25,7 @@ from millstream.connectors.delivery import deliver_all
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.serde import serde_named
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
-from millstream.errors import ConfigurationError, FencedError, MillstreamError
+from millstream.errors import ConfigurationError, FencedError, MillstreamError, StaleBatchError
 from millstream.headers import HEADER_ID, HEADER_SYSTEM_TIME, decode_time_header
 from millstream.records import Production, Record, Timer
 from millstream.state.client import connect
@@ -221,7 +221,15 @@ def run_shard(
         try:
             result = _run_once(plan, spec, store, items)
             break
-        except FencedError:
+        except FencedError as exc:
+            last = store.last_committed_batch()
+            if last is not None and last > plan.batch_id:
+                # A zombie of a batch that is over: acquiring again would fence the task of
+                # the current batch. Its writes were void; stop, and say so.
+                raise StaleBatchError(
+                    f"shard {keys.tag}: task of batch {plan.batch_id} fenced; the shard has "
+                    f"committed batch {last} since, so this task stops ({exc})"
+                ) from None
             retries += 1
             if retries >= FENCED_RETRIES:
                 raise
@@ -263,7 +271,7 @@ def _run_once(
     states, due = store.load(keys_needed, wm, plan.now)
     states = dict(states)
     runner = _KeyRunner(plan, spec, states)
-    txn = store.begin()
+    txn = store.begin(plan.batch_id)
     # Due timers fire first: each has time <= W (the batch's input watermark) while every
     # on-time record of the batch has timestamp >= W, so in event time the timers come first.
     for timer in firing_order(due):

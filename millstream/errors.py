@@ -16,8 +16,15 @@ class FencedError(MillstreamError):
 
     A commit is never retried with the old lease. The shard task starts over from acquire with
     a fresh lease (its input may belong to a batch the newer owner is not processing), a
-    bounded number of times; then the task fails and Spark retries it.
+    bounded number of times; then the task fails and Spark retries it. A task of a batch older
+    than the shard's last committed one does not start over: StaleBatchError.
     """
+
+
+class StaleBatchError(FencedError):
+    """A shard task of an older micro-batch was fenced, and the shard has since committed a
+    newer batch: the task is a zombie of a batch that is over. It stops instead of acquiring
+    the shard again, which would fence the current owner."""
 
 
 class TransientError(MillstreamError):

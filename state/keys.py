@@ -55,6 +55,12 @@ class ShardKeys:
         return f"{self.tag}:log"
 
     @property
+    def last_batch(self) -> str:
+        """The micro-batch id of the shard's last commit of a batch's effects: tells a fenced
+        zombie of an older batch from a task of the current one."""
+        return f"{self.tag}:batch"
+
+    @property
     def productions(self) -> str:
         """Hash production id -> checkpointed production awaiting delivery."""
         return f"{self.tag}:prod"

@@ -294,9 +294,17 @@ class ShardStore:
         lease, _ = self._require_lease()
         return lease.token, self._version, self._next_seq
 
-    def begin(self) -> ShardTransaction:
+    def begin(self, batch_id: int | None = None) -> ShardTransaction:
+        """A transaction under this owner's lease; `batch_id`: the micro-batch whose effects it
+        commits (recorded with them, see `last_committed_batch`)."""
         lease, _ = self._require_lease()
-        return ShardTransaction(self.client, lease, self._version, self._next_seq)
+        return ShardTransaction(self.client, lease, self._version, self._next_seq, batch_id)
+
+    def last_committed_batch(self) -> int | None:
+        """The micro-batch of the shard's last committed effects, None if never recorded."""
+        raw = self.client.get(self.keys.last_batch)  # type: ignore[attr-defined]
+        self.round_trips += 1
+        return None if raw is None else int(raw)
 
     def commit(self, txn: ShardTransaction) -> int:
         """Commit and bring soft state forward to the new version; on failure forget it."""

@@ -48,8 +48,16 @@ class ShardTransaction:
     commit, raises at once.
     """
 
-    def __init__(self, client: object, lease: Lease, base_version: int, next_seq: int) -> None:
+    def __init__(
+        self,
+        client: object,
+        lease: Lease,
+        base_version: int,
+        next_seq: int,
+        batch_id: int | None = None,
+    ) -> None:
         self._client = client
+        self._batch_id = batch_id
         self.lease = lease
         self._base_version = base_version
         self._next_seq = next_seq
@@ -253,3 +261,5 @@ class ShardTransaction:
         if version > COMMIT_LOG_KEEP:
             pipe.hdel(keys.commit_log, str(version - COMMIT_LOG_KEEP))
         pipe.set(keys.version, version)
+        if self._batch_id is not None:
+            pipe.set(keys.last_batch, self._batch_id)
