@@ -75,7 +75,8 @@ def endpoints(settings: Settings, *, embedded: bool = False) -> Iterator[Endpoin
 
 
 def ship_user_code(topology: Topology) -> None:
-    """Pickle user computations and key extractors by value when executors cannot import them.
+    """Pickle user computations, key extractors and value formats by value when executors
+    cannot import them.
 
     A computation defined in a script or a test module is not importable in Spark's Python
     workers; cloudpickle then sends its code along instead of a module reference.
@@ -86,6 +87,7 @@ def ship_user_code(topology: Topology) -> None:
     for spec in topology.computations.values():
         objects.append(type(spec.computation))
         objects.extend(spec.inputs.values())
+    objects.extend(type(fmt) for fmt in topology.formats.values())  # user-defined formats
     for obj in objects:
         module = sys.modules.get(getattr(obj, "__module__", "") or "")
         if module is None or module.__name__ == "__main__":

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from millstream.connectors.formats import FormatError, ValueFormat, encode_with
 from millstream.connectors.serde import Serde, encode_value
 from millstream.errors import ConfigurationError, TimestampContractError
+from millstream.headers import user_headers
 from millstream.records import Production, Record, TimeDomain, Timer
 from millstream.state.watermarks import UNKNOWN
 
@@ -36,6 +38,7 @@ class Context:
         cause: str = "the record",
         allowed_skew_ms: int = 0,
         output_watermark: int = UNKNOWN,
+        formats: Mapping[str, ValueFormat] | None = None,
     ) -> None:
         self.key = key
         self.low_watermark = low_watermark
@@ -54,6 +57,7 @@ class Context:
         # can still be honoured; one before it cannot (watermarks never go back).
         self._output_watermark = output_watermark
         self._outputs = outputs
+        self._formats = formats or {}  # output stream -> the format its values are encoded in
         self._new_id = new_id
         # tag -> (domain, time, hold) to set, or None to delete
         self.timer_ops: dict[str, tuple[TimeDomain, int, int | None] | None] = {}
@@ -135,13 +139,25 @@ class Context:
 
     # --- productions -------------------------------------------------------------------------
     def produce(
-        self, stream: str, key: str, value: bytes | str | Any, timestamp: int | None = None
+        self,
+        stream: str,
+        key: str,
+        value: bytes | str | Any,
+        timestamp: int | None = None,
+        *,
+        headers: Mapping[str, bytes | str] | Iterable[tuple[str, bytes | str]] | None = None,
     ) -> None:
         """Emit a record to `stream`; delivered after this key's effects are committed.
 
         `timestamp` defaults to the cause's (the record's, or the timer's output time) and may
         not be earlier than it (MillWheel 4.5): an earlier one would be behind this
         computation's low watermark, late for every consumer. Raises TimestampContractError.
+
+        `value`: bytes as they are; on a stream with a value format, anything else is encoded
+        by it (FormatError if it cannot be); otherwise str as UTF-8, anything else as JSON.
+        `headers` (a mapping or (name, value) pairs): written as Kafka headers after
+        millstream's own and seen by consumers as `record.headers`; names may not start with
+        `ms-`, values are bytes or str (UTF-8).
         """
         if stream not in self._outputs:
             raise ConfigurationError(
@@ -157,14 +173,23 @@ class Context:
                 f"{self._timestamp - self._skew}, or set the timer with hold=<earlier time> "
                 f"to hold the watermark there"
             )
+        fmt = self._formats.get(stream)
+        if fmt is None:
+            encoded = encode_value(value)
+        else:
+            try:
+                encoded = encode_with(fmt, value)
+            except FormatError as exc:
+                raise FormatError(f"produce() to {stream!r}: value {exc}") from exc.__cause__
         self.productions.append(
             Production(
                 stream=stream,
                 key=str(key),
-                value=encode_value(value),
+                value=encoded,
                 timestamp=ts,
                 id=self._new_id(),
                 system_time=self.now,
+                headers=user_headers(headers),
             )
         )
 

@@ -11,7 +11,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +20,18 @@ import redis
 from millstream.connectors.backpressure import hold_while_backlogged
 from millstream.connectors.delivery import Target
 from millstream.connectors.driver_delivery import DriverDelivery
+from millstream.connectors.formats import FieldExtractor, FormatError, ValueFormat, decode_with
 from millstream.connectors.plan import BatchPlan, TaskInput, shard_of
-from millstream.connectors.shard_task import ERROR, ID, KEY, STREAM, VALUE, ShardResult, run_shard
+from millstream.connectors.shard_task import (
+    ERROR,
+    ID,
+    KEY,
+    STREAM,
+    VALUE,
+    ShardResult,
+    format_error,
+    run_shard,
+)
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import MillstreamError
 from millstream.kafka_admin import check_topics
@@ -85,23 +95,44 @@ class UserSink:
 
 
 def _route(
-    extractors: dict[str, Any], shards: int, rows: Iterator[Any]
+    extractors: dict[str, Any],
+    shards: int,
+    rows: Iterator[Any],
+    formats: Mapping[str, ValueFormat] | None = None,
 ) -> Iterator[tuple[int, TaskInput]]:
-    """Map side: extract each row's key with its stream's extractor; errors travel with the row."""
+    """Map side: extract each row's key with its stream's extractor; errors travel with the row.
+
+    A stream with a value format (`formats`) has its value decoded here, once: the data
+    travels with the row to the shard task, and a field extractor of the same format reads
+    it instead of decoding again. A value that does not decode is an error row.
+    """
     for row in rows:
         values = tuple(row)
         if values[ERROR] is not None:
             yield shard_of(values[ID].hex(), shards), TaskInput(None, values, values[ERROR])
             continue
+        value = values[VALUE] or b""
+        fmt = formats.get(values[STREAM]) if formats else None
+        data: Any = None
+        extract = extractors[values[STREAM]]
         try:
-            key = extractors[values[STREAM]](values[KEY], values[VALUE] or b"")
+            if fmt is not None:
+                data = decode_with(fmt, value)
+            if fmt is not None and isinstance(extract, FieldExtractor) and extract.format == fmt:
+                key = extract.from_data(data)
+            else:
+                key = extract(values[KEY], value)
             if not isinstance(key, str):
                 raise TypeError(f"key extractor returned {type(key).__name__}, expected str")
+        except FormatError as exc:
+            reason = format_error(values, exc)
+            yield shard_of(values[ID].hex(), shards), TaskInput(None, values, reason)
         except Exception as exc:
             reason = f"key extraction failed: {type(exc).__name__}: {exc}"
             yield shard_of(values[ID].hex(), shards), TaskInput(None, values, reason)
         else:
-            yield shard_of(key, shards), TaskInput(key, values, None)
+            item = TaskInput(key, values, None, data, decoded=fmt is not None)
+            yield shard_of(key, shards), item
 
 
 def redis_out_of_memory(exc: BaseException) -> bool:
@@ -365,7 +396,9 @@ class ComputationRunner:
         extractors = dict(spec.inputs)
         batch_df.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", spec.name)
         results: list[ShardResult] = (
-            batch_df.rdd.mapPartitions(functools.partial(_route, extractors, shards))
+            batch_df.rdd.mapPartitions(
+                functools.partial(_route, extractors, shards, formats=dict(spec.formats))
+            )
             .partitionBy(shards, lambda s: s)
             .mapPartitionsWithIndex(functools.partial(_shard_task, plan, spec))
             .collect()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from millstream.state.shard import ShardConfig
 from millstream.state.watermarks import UNKNOWN, Watermark
@@ -43,11 +44,17 @@ class BatchPlan:
 
 @dataclass(frozen=True)
 class TaskInput:
-    """One routed row: the key (None when extraction failed) and why it cannot be processed."""
+    """One routed row: the key (None when extraction failed) and why it cannot be processed.
+
+    `data`: the value decoded by its stream's format where routing decoded it (`decoded`), so
+    the shard task does not decode it again.
+    """
 
     key: str | None
     row: tuple
     error: str | None
+    data: Any = None
+    decoded: bool = False
 
 
 def shard_of(key: str, shards: int) -> int:

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,11 +22,18 @@ from confluent_kafka import KafkaException
 
 from millstream.connectors.computation import Context
 from millstream.connectors.delivery import deliver_all
+from millstream.connectors.formats import FormatError, ValueFormat, decode_with
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.serde import serde_named
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
 from millstream.errors import ConfigurationError, FencedError, MillstreamError, StaleBatchError
-from millstream.headers import HEADER_ID, HEADER_SYSTEM_TIME, decode_time_header
+from millstream.fault_points import fault_point
+from millstream.headers import (
+    HEADER_ID,
+    HEADER_SYSTEM_TIME,
+    decode_time_header,
+    visible_headers,
+)
 from millstream.records import Production, Record, Timer
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
@@ -67,7 +74,8 @@ def header(headers: Iterable[Any] | None, name: str) -> bytes | None:
 
 
 def to_record(item: TaskInput, internal: frozenset[str]) -> Record:
-    """Internal streams carry the production's id and system time in headers."""
+    """Internal streams carry the production's id and system time in headers; user code sees
+    the other headers only (`visible_headers`)."""
     row = item.row
     rid, system_time = row[ID], row[SYSTEM]
     if row[STREAM] in internal:
@@ -80,7 +88,38 @@ def to_record(item: TaskInput, internal: frozenset[str]) -> Record:
         id=rid,
         system_time=system_time,
         stream=row[STREAM],
+        headers=visible_headers(row[HEADERS]),
+        data=item.data,
     )
+
+
+def format_error(row: tuple, exc: FormatError) -> str:
+    """A dead letter's reason for a value its stream's format cannot read: stream, position
+    (topic or producer, partition or shard, offset or seq), format and cause."""
+    return (
+        f"value of stream {row[STREAM]!r} at {row[SOURCE]} partition {row[PARTITION]} "
+        f"offset {row[OFFSET]} {exc}"
+    )
+
+
+def decode_inputs(items: list[TaskInput], formats: Mapping[str, ValueFormat]) -> list[TaskInput]:
+    """Decode the values routing left undecoded (a router not given the formats); a value
+    that does not decode becomes an error item, dead-lettered like any bad input."""
+    if not formats:
+        return items
+    out: list[TaskInput] = []
+    for item in items:
+        fmt = formats.get(item.row[STREAM])
+        if fmt is None or item.decoded or item.error is not None:
+            out.append(item)
+            continue
+        try:
+            data = decode_with(fmt, item.row[VALUE] or b"")
+        except FormatError as exc:
+            out.append(dataclasses.replace(item, error=format_error(item.row, exc)))
+        else:
+            out.append(dataclasses.replace(item, data=data, decoded=True))
+    return out
 
 
 def _position(row: tuple) -> bytes:
@@ -191,6 +230,7 @@ class _KeyRunner:
                 cause=cause,
                 allowed_skew_ms=self.spec.options.allowed_timestamp_skew_ms,
                 output_watermark=self.plan.output_watermark,
+                formats=self.spec.formats,
             )
             try:
                 fn(ctx, arg)
@@ -213,6 +253,7 @@ def run_shard(
     """Entry point of a shard task; a fenced attempt re-runs from acquire (its writes were void)."""
     started = time.perf_counter()
     items.sort(key=lambda i: (i.row[STREAM], i.row[SOURCE], i.row[PARTITION], i.row[OFFSET]))
+    items = decode_inputs(items, spec.formats)
     client = connect(plan.redis_url)
     keys = ShardKeys(plan.app, spec.name, shard)
     retries = 0
@@ -331,6 +372,7 @@ def _run_once(
         try:
             deliver_all(plan, spec.name, store.keys.shard, runner.weak)
             runner.count("weak_delivered", len(runner.weak))
+            fault_point("after_weak_delivery")  # delivered downstream, nothing committed here
         except ConfigurationError:
             raise
         except (MillstreamError, KafkaException) as exc:

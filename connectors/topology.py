@@ -5,13 +5,14 @@ Validated before anything starts, with errors that say what to change.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from millstream.connectors.computation import Computation
+from millstream.connectors.formats import JsonFormat, ValueFormat
 from millstream.connectors.serde import SERDES
 from millstream.errors import ConfigurationError
 from millstream.injectors.sources import Source
@@ -29,13 +30,9 @@ def record_key(key: bytes | None, value: bytes) -> str:
 
 
 def json_field(name: str) -> KeyExtractor:
-    """A key extractor that reads one field of a JSON object value."""
-
-    def extract(key: bytes | None, value: bytes) -> str:
-        return str(json.loads(value)[name])
-
-    extract.__name__ = f"json_field_{name}"
-    return extract
+    """A key extractor that reads one field of a JSON object value (on a stream declared with
+    `json_format()`, from the value decoded once for the record)."""
+    return JsonFormat().field(name)
 
 
 @dataclass(frozen=True)
@@ -92,6 +89,9 @@ class ComputationSpec:
     inputs: Mapping[str, KeyExtractor]
     outputs: frozenset[str]
     options: ComputationOptions
+    # The value formats of its input and output streams that have one (Topology.stream_format):
+    # inputs are decoded with them, productions encoded.
+    formats: Mapping[str, ValueFormat] = field(default_factory=dict)
 
 
 @dataclass
@@ -105,13 +105,21 @@ class Topology:
     partitions: dict[str, int] = field(default_factory=dict)
     out_of_order_ms: dict[str, int] = field(default_factory=dict)
     published: set[str] = field(default_factory=set)
+    formats: dict[str, ValueFormat] = field(default_factory=dict)
 
-    def source(self, stream: str, *sources: Source, max_out_of_order_ms: int = 0) -> Topology:
+    def source(
+        self,
+        stream: str,
+        *sources: Source,
+        max_out_of_order_ms: int = 0,
+        value_format: ValueFormat | None = None,
+    ) -> Topology:
         """Declare an injected stream fed by one or more injectors (e.g. two datacenters).
 
         `max_out_of_order_ms` bounds how far behind each other records of the stream may
         arrive; the injectors' watermark estimate is held back by it, so such records are not
         late. Records later than that are late (dropped and counted, or flagged).
+        `value_format`: see `stream_format`.
         """
         _check_name("stream", stream)
         if max_out_of_order_ms < 0:
@@ -124,8 +132,42 @@ class Topology:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
             raise ConfigurationError(f"stream {stream!r}: source names must differ, got {names}")
+        if value_format is not None:
+            self.stream_format(stream, value_format)
         self.sources[stream] = list(sources)
         return self
+
+    def stream_format(self, stream: str, value_format: ValueFormat) -> Topology:
+        """Declare how values of `stream` (injected or produced) are encoded: each record's
+        value is decoded once into `record.data` (a value that does not decode is a dead
+        letter), and values produced to it are encoded (bytes are taken as already encoded)."""
+        _check_name("stream", stream)
+        if stream == DEAD_LETTERS:
+            raise ConfigurationError(
+                f"stream {stream!r}: dead letters are millstream's own JSON; it takes no format"
+            )
+        if not isinstance(value_format, ValueFormat):
+            raise ConfigurationError(
+                f"stream {stream!r}: expected a value format such as json_format() or "
+                f"avro_format(schema), got {value_format!r}"
+            )
+        known = self.formats.get(stream)
+        if known is not None and known != value_format:
+            raise ConfigurationError(
+                f"stream {stream!r} already has format {known.describe()}; a stream has one"
+            )
+        self.formats[stream] = value_format
+        self._bind_formats()
+        return self
+
+    def _bind_formats(self) -> None:
+        """Give each computation the formats of its streams (its spec travels to executors
+        without the topology), whichever of the two was declared first."""
+        for name, spec in self.computations.items():
+            streams = [*spec.inputs, *sorted(spec.outputs)]
+            formats = {s: self.formats[s] for s in streams if s in self.formats}
+            if formats != dict(spec.formats):
+                self.computations[name] = dataclasses.replace(spec, formats=formats)
 
     def computation(
         self,
@@ -162,6 +204,7 @@ class Topology:
         self.computations[name] = ComputationSpec(
             name, computation, extractors, frozenset(outputs) | {DEAD_LETTERS}, opts
         )
+        self._bind_formats()
         return self
 
     def sink(self, stream: str, sink: Any) -> Topology:
@@ -222,6 +265,11 @@ class Topology:
                         f"computation {spec.name!r}: weak productions go only to internal "
                         f"streams, but {external} have sinks; use productions='strong'"
                     )
+        for stream in sorted(set(self.formats) - produced - set(self.sources)):
+            raise ConfigurationError(
+                f"stream_format({stream!r}): no such stream; declare it with .source() or as "
+                f"a computation's output"
+            )
         for stream in sorted(self.published - produced):
             raise ConfigurationError(
                 f"publish({stream!r}): no computation produces it; add it to one's outputs"

@@ -5,6 +5,7 @@ The public API is what `__all__` lists; everything else is internal.
 
 from millstream.connectors.app import run
 from millstream.connectors.computation import Computation, Context
+from millstream.connectors.formats import FormatError, ValueFormat, avro_format, json_format
 from millstream.connectors.topology import ComputationOptions, Topology, json_field, record_key
 from millstream.errors import (
     ConfigurationError,
@@ -26,6 +27,7 @@ __all__ = [
     "ConfigurationError",
     "Context",
     "FencedError",
+    "FormatError",
     "MillstreamError",
     "PoisonRecordError",
     "Production",
@@ -36,8 +38,11 @@ __all__ = [
     "TimestampContractError",
     "Topology",
     "TransientError",
+    "ValueFormat",
     "__version__",
+    "avro_format",
     "json_field",
+    "json_format",
     "kafka_source",
     "logfile_source",
     "record_key",

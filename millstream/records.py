@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class TimeDomain(StrEnum):
@@ -26,6 +27,10 @@ class Record:
 
     `id` and `system_time` are stable across every redelivery: they drive deduplication and
     catalog garbage collection. `timestamp` is event time in ms: it drives windows and timers.
+    `headers`: (name, bytes) pairs as the record arrived (an injected record's Kafka headers,
+    the producer's `produce(headers=)` on an internal stream), without millstream's own `ms-`
+    ones. `data`: the value decoded by its stream's value format (None without one); `value`
+    stays the raw bytes.
     """
 
     key: str
@@ -35,6 +40,8 @@ class Record:
     system_time: int
     stream: str = ""
     late: bool = False
+    headers: tuple[tuple[str, bytes], ...] = ()
+    data: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,7 @@ class Production:
     """A record a computation emitted, checkpointed with a unique id before delivery.
 
     `seq` increases per shard in commit order, so a sink can remember "delivered up to seq".
+    `headers`: the user's (`ctx.produce(headers=)`), written after millstream's `ms-` ones.
     """
 
     stream: str

@@ -19,9 +19,11 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import Counter, deque
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from millstream.connectors.driver import _route
+from millstream.connectors.formats import encode_with
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.serde import encode_value, serde_named
 from millstream.connectors.shard_task import (
@@ -137,12 +139,17 @@ class TopologyTestDriver:
         key: bytes | str | None = None,
         timestamp: int,
         id: bytes | str | None = None,
+        headers: Mapping[str, bytes | str] | Iterable[tuple[str, bytes | str]] | None = None,
     ) -> None:
         """Inject one record; returns once it and everything it caused has been processed.
 
         `key` is the Kafka record key handed to each consumer's key extractor (with the default
         extractor it is the computation's key); `id` defaults to a fresh one, and a repeated id
-        is a duplicate (dropped, counted as `duplicates`).
+        is a duplicate (dropped, counted as `duplicates`). `value`: bytes as they are (a value
+        the stream's format cannot decode is dead-lettered, as in the runtime); otherwise
+        encoded by the stream's value format, if it has one, else str as UTF-8 and anything
+        else as JSON. `headers`: the record's Kafka headers (values bytes or str); computations
+        see them without the `ms-` ones, as in the runtime.
         """
         if stream not in self.topology.sources:
             raise ConfigurationError(
@@ -155,17 +162,18 @@ class TopologyTestDriver:
                 f"dead-letter records without a valid timestamp before any computation sees them)"
             )
         rid = uuid.uuid4().bytes if id is None else _as_bytes(id)
+        fmt = self.topology.formats.get(stream)
         row = (
             stream,
             rid,
             None if key is None else _as_bytes(key),
-            encode_value(value),
+            encode_value(value) if fmt is None else encode_with(fmt, value),
             timestamp,
             self._now,
             stream,
             0,
             self._next_offset(stream),
-            None,
+            _kafka_headers(headers),
             None,
         )
         for name in self.topology.consumers_of(stream):
@@ -329,7 +337,7 @@ class TopologyTestDriver:
     def _process_row(self, node: _Node, row: tuple) -> None:
         """shard_task._run_once for one row: dedup, bad input, late policy, user code, apply."""
         spec = node.spec
-        [(_, item)] = list(_route(dict(spec.inputs), 1, iter([row])))
+        [(_, item)] = list(_route(dict(spec.inputs), 1, iter([row]), formats=spec.formats))
         record = to_record(item, node.internal_inputs)
         if spec.options.exactly_once:
             if record.id in node.seen:
@@ -434,6 +442,17 @@ class TopologyTestDriver:
 
 def _as_bytes(value: bytes | str) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def _kafka_headers(
+    headers: Mapping[str, bytes | str] | Iterable[tuple[str, bytes | str]] | None,
+) -> list[tuple[str, bytes]] | None:
+    """An injected record's headers as the Kafka injector's row holds them. Any name goes (a
+    Kafka topic's records may carry `ms-` headers, which computations do not see)."""
+    if headers is None:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return [(str(name), _as_bytes(value)) for name, value in items]
 
 
 def _topological_order(topology: Topology) -> list[str]:
