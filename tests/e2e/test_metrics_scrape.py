@@ -82,9 +82,14 @@ def test_scrape_counts_every_record_and_shows_the_watermark(
                 continue  # not serving yet: the server starts once the endpoints are known
         assert got[("millstream_records_total", labels)] == RECORDS
         assert got[("millstream_redis_up", app)] == 1.0
-        # The watermark series appear once a batch published one; give it a few scrapes.
-        while ("millstream_low_watermark_ms", labels) not in got:
-            assert time.monotonic() < deadline, f"no low watermark: {got}"
+
+        # The watermark series appear once a batch published one, and a query's progress once
+        # its first trigger ended (a batch's records are committed before that): a few scrapes.
+        def ages() -> list[Any]:
+            return [k for k in got if k[0] == "millstream_spark_last_progress_age_seconds"]
+
+        while ("millstream_low_watermark_ms", labels) not in got or not ages():
+            assert time.monotonic() < deadline, f"no low watermark or query progress: {got}"
             time.sleep(1)
             got = scrape(url)
         low = got[("millstream_low_watermark_ms", labels)]
@@ -92,7 +97,7 @@ def test_scrape_counts_every_record_and_shows_the_watermark(
         assert got[("millstream_watermark_lag_seconds", labels)] >= 0
         assert got[("millstream_spark_up", app)] == 1.0
         assert got[("millstream_spark_active_queries", app)] >= 1
-        assert [k for k in got if k[0] == "millstream_spark_last_progress_age_seconds"]
+        assert ages()
         assert got[("millstream_batches_total", labels)] >= 1
     finally:
         if proc.poll() is None:
