@@ -8,6 +8,7 @@ and all of it stopped by process group, as the demo does.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -27,6 +28,8 @@ from millstream.bench._workload import PARTITIONS
 from millstream.state.keys import app_key
 
 QUIX_VERSION = "3.28.1"
+RUNTIMES = ("queries", "fused")
+PROGRESS_FILE = "progress.jsonl"  # a pipeline worker's Spark trigger reports, in its state dir  # MILLSTREAM_RUNTIME of a millstream pipeline process
 
 
 @dataclass
@@ -61,9 +64,23 @@ class Bench:
         return folder
 
     def pipeline_env(
-        self, app: str, folder: Path, *, master: str = "local[2]", max_batch: int = 200_000
+        self,
+        app: str,
+        folder: Path,
+        *,
+        master: str = "local[2]",
+        max_batch: int = 200_000,
+        runtime: str = "queries",
+        idle_slack_ms: int | None = None,
     ) -> dict[str, str]:
-        """Environment of a millstream (or plain Spark) pipeline process."""
+        """Environment of a millstream (or plain Spark) pipeline process.
+
+        Every MILLSTREAM_* variable of this process is dropped (but MILLSTREAM_KAFKA_*): what a
+        pipeline runs with is only what is set here. `runtime` is MILLSTREAM_RUNTIME (queries or
+        fused); `idle_slack_ms`, when given, MILLSTREAM_IDLE_SLACK_MS (else the default).
+        """
+        if runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {RUNTIMES}, not {runtime!r}")
         env = {
             k: v
             for k, v in os.environ.items()
@@ -85,11 +102,14 @@ class Bench:
                 # timeout now and then; the query restarts from its checkpoint (counted in
                 # each result as `query_restarts`) instead of ending the run.
                 "MILLSTREAM_QUERY_RESTARTS": "20",
+                "MILLSTREAM_RUNTIME": runtime,
                 "PYSPARK_PYTHON": sys.executable,
                 "PYSPARK_DRIVER_PYTHON": sys.executable,
                 "SPARK_LOCAL_IP": "127.0.0.1",
             }
         )
+        if idle_slack_ms is not None:
+            env["MILLSTREAM_IDLE_SLACK_MS"] = str(idle_slack_ms)
         return env
 
 
@@ -243,6 +263,172 @@ def millstream_pipeline(bench: Bench, config: dict[str, Any], folder: Path, **en
 
 def metric(client: Any, app: str, computation: str, name: str) -> int:
     return int(client.hget(app_key(app, "metrics", computation), name) or 0)
+
+
+class BatchProfile(threading.Thread):
+    """Where a pipeline's batches spend their time, from what the runtime leaves in Redis.
+
+    Polls each computation's `last_batch` (both runtimes: `seconds`; per-computation queries
+    also their `phases`: plan, spark_jobs, driver_delivery, ...) and, for the fused runtime, the
+    application's `fused` hash (the batch's `rows` and `phases`: read, one per computation,
+    deliver_ack) four times a second, keeping each batch once (by batch id). A batch shorter
+    than the poll interval may be missed; the summary says how many were seen.
+    """
+
+    def __init__(
+        self, client: Any, app: str, computations: Sequence[str], interval: float = 0.25
+    ) -> None:
+        super().__init__(name=f"profile-{app}", daemon=True)
+        self.client = client
+        self.app = app
+        self.computations = list(computations)
+        self.interval = interval
+        self.batches: dict[str, dict[int, dict[str, Any]]] = {}
+        self.started = 0.0
+        self.stopped = 0.0
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.stopped = time.monotonic()
+
+    def _keys(self) -> list[tuple[str, str]]:
+        return [(c, app_key(self.app, "metrics", c)) for c in self.computations] + [
+            ("#fused", app_key(self.app, "fused"))
+        ]
+
+    def run(self) -> None:
+        self.started = time.monotonic()
+        keys = self._keys()
+        while not self._halt.is_set():
+            with contextlib.suppress(Exception):
+                pipe = self.client.pipeline(transaction=False)
+                for _, key in keys:
+                    pipe.hget(key, "last_batch")
+                for (name, _), raw in zip(keys, pipe.execute(), strict=True):
+                    if not raw:
+                        continue
+                    batch = json.loads(raw)
+                    if "batch_id" in batch:
+                        self.batches.setdefault(name, {})[int(batch["batch_id"])] = batch
+            self._halt.wait(self.interval)
+
+    def summary(self) -> dict[str, Any]:
+        return profile_summary(self.batches, (self.stopped or time.monotonic()) - self.started)
+
+
+def spark_progress(path: Path, prefix: str, since_ms: int = 0) -> dict[str, Any]:
+    """Spark's per-trigger report (the pipeline worker's `progress.jsonl`) for the queries named
+    `prefix`*, from `since_ms` (wall clock) on: per query, triggers seen, the gap between
+    consecutive trigger starts, input rows, and each durationMs phase as p50 / p95 / max, in
+    seconds. `addBatch` is the runtime's foreachBatch; `triggerExecution` the whole trigger."""
+    from datetime import datetime
+
+    by_query: dict[str, list[dict[str, Any]]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        try:
+            item = json.loads(line)
+            started = datetime.fromisoformat(str(item["timestamp"]).replace("Z", "+00:00"))
+        except (ValueError, KeyError):
+            continue
+        item["at_ms"] = int(started.timestamp() * 1000)
+        if str(item.get("query") or "").startswith(prefix) and item["at_ms"] >= since_ms:
+            by_query.setdefault(str(item["query"]), []).append(item)
+    out: dict[str, Any] = {}
+    for query, items in sorted(by_query.items()):
+        items.sort(key=lambda i: i["at_ms"])
+        starts = [i["at_ms"] for i in items]
+
+        def durations(chosen: list[dict[str, Any]]) -> dict[str, Any]:
+            phases: dict[str, list[float]] = {}
+            for i in chosen:
+                for phase, ms in (i.get("duration_ms") or {}).items():
+                    phases.setdefault(phase, []).append(float(ms) / 1000)
+            return {phase: _spread(v) for phase, v in sorted(phases.items())}
+
+        with_rows = [i for i in items if i.get("rows")]
+        out[query] = {
+            "triggers": len(items),
+            "with_rows": len(with_rows),
+            "gap_s": _spread([(b - a) / 1000 for a, b in itertools.pairwise(starts)]),
+            "rows": _spread([float(i.get("rows") or 0) for i in items]),
+            "duration_s": durations(items),
+            "duration_s_with_rows": durations(with_rows),
+        }
+    return out
+
+
+def trigger_line(spark: dict[str, Any]) -> str:
+    """Per Spark query: triggers, the p50 gap between trigger starts, and the p50 of the
+    trigger's phases that matter here (seconds)."""
+    parts = []
+    for query, found in spark.items():
+        d = found["duration_s"]
+        phases = ", ".join(
+            f"{k} {d[k]['p50']}"
+            for k in ("triggerExecution", "latestOffset", "addBatch", "walCommit", "commitOffsets")
+            if k in d
+        )
+        busy = found.get("duration_s_with_rows", {})
+        parts.append(
+            f"{query.split('.', 1)[-1]} {found['triggers']} triggers, gap p50 "
+            f"{found['gap_s']['p50']} ({phases}); {found.get('with_rows')} with rows: "
+            f"triggerExecution p50 {busy.get('triggerExecution', {}).get('p50')}, addBatch "
+            f"{busy.get('addBatch', {}).get('p50')}"
+        )
+    return "Spark triggers p50 s: " + ("; ".join(parts) or "none recorded")
+
+
+def _spread(values: Sequence[float]) -> dict[str, float | None]:
+    stats = percentiles(values)
+    return {"p50": stats["p50"], "p95": stats["p95"], "max": stats["max"]}
+
+
+def profile_summary(
+    batches: dict[str, dict[int, dict[str, Any]]], seconds: float
+) -> dict[str, Any]:
+    """Per computation (and `#fused`, the fused query's own figures): batches seen, batch
+    seconds and each phase's seconds as p50 / p95 / max over the batches seen, and the same
+    over only the batches that took input (`with_input`)."""
+
+    def spreads(items: list[dict[str, Any]]) -> dict[str, Any]:
+        entry: dict[str, Any] = {"batches": len(items)}
+        durations = [float(b["seconds"]) for b in items if "seconds" in b]
+        if durations:
+            entry["seconds"] = _spread(durations)
+        if any("rows" in b for b in items):
+            entry["rows"] = _spread([float(b.get("rows", 0)) for b in items])
+        if any("records" in b for b in items):
+            entry["records"] = _spread([float(b.get("records", 0)) for b in items])
+        phases: dict[str, list[float]] = {}
+        for b in items:
+            for phase, value in (b.get("phases") or {}).items():
+                if isinstance(value, int | float):
+                    phases.setdefault(phase, []).append(float(value))
+        if phases:
+            entry["phases"] = {phase: _spread(v) for phase, v in phases.items()}
+        return entry
+
+    out: dict[str, Any] = {}
+    for name, seen in sorted(batches.items()):
+        items = list(seen.values())
+        entry: dict[str, Any] = {
+            "batches_seen": len(items),
+            "batch_ids": [min(seen), max(seen)] if seen else None,
+            "observed_s": round(seconds, 1),
+            **{k: v for k, v in spreads(items).items() if k != "batches"},
+        }
+        # Batches that took input (fused: rows read; per computation: records) apart from
+        # the empty ones a caught-up pipeline runs between them.
+        busy = [b for b in items if (b.get("rows") or b.get("records") or 0) > 0]
+        if busy and len(busy) < len(items):
+            entry["with_input"] = spreads(busy)
+        out[name] = entry
+    return out
 
 
 # ---------------------------------------------------------------- Quix Streams

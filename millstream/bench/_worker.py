@@ -4,7 +4,8 @@ Runs in its own process group (driver, JVM, Python workers) so the benchmark can
 whole tree's memory and stop all of it. Like `millstream.run`, but the computations' queries
 start one after the other, each once the previous one has committed its first batch: on a
 loaded 2-core machine, several queries spawning their Python planner workers at the same
-moment can miss Spark's fixed connect-back timeout.
+moment can miss Spark's fixed connect-back timeout. With MILLSTREAM_RUNTIME=fused (set by the
+bench in the environment) the application is one query, started at once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from millstream.bench._harness import PROGRESS_FILE
 from millstream.bench._topologies import build
 from millstream.connectors.app import Application, endpoints, spark_session
 from millstream.settings import Settings
@@ -27,14 +29,54 @@ from millstream.state.keys import app_key
 FIRST_BATCH_TIMEOUT_S = 300.0
 
 
+def _progress_listener(path: Path) -> Any:
+    """A StreamingQueryListener that appends each trigger's progress (query name, batch id,
+    rows, Spark's durationMs: latestOffset, getBatch, queryPlanning, addBatch = foreachBatch,
+    walCommit, commitOffsets, triggerExecution) to `path`, one JSON line per trigger: where a
+    batch's time goes outside the runtime's own code. Spark calls it once per trigger, on its
+    listener thread."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    lock = threading.Lock()
+
+    class ProgressFile(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            progress = event.progress
+            line = {
+                "query": progress.name,
+                "run": str(progress.runId),
+                "batch": progress.batchId,
+                "timestamp": progress.timestamp,
+                "rows": progress.numInputRows,
+                "duration_ms": dict(progress.durationMs),
+            }
+            with lock, path.open("a") as out:
+                out.write(json.dumps(line) + "\n")
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    return ProgressFile()
+
+
 def _start_staggered(app: Application, client: Any, stop: threading.Event) -> None:
-    for name in app.topology.computations:
-        app.start([name])
-        key = app_key(app.topology.app, "metrics", name)
+    """Per-computation queries one at a time; the fused runtime's one query for all of them
+    (it cannot take computations added later)."""
+    names = list(app.topology.computations)
+    groups = [names] if app.settings.runtime == "fused" else [[name] for name in names]
+    for group in groups:
+        app.start(group)
+        keys = [app_key(app.topology.app, "metrics", name) for name in group]
         deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
         while not stop.is_set() and time.monotonic() < deadline:
             app.check()
-            if int(client.hget(key, "batches") or 0) > 0:
+            if all(int(client.hget(key, "batches") or 0) > 0 for key in keys):
                 break
             stop.wait(0.2)
 
@@ -69,6 +111,9 @@ def main(argv: list[str]) -> int:
             app.prepare()
             if spark is None:
                 spark = spark_session(settings, f"millstream.{app.topology.app}")
+                spark.streams.addListener(
+                    _progress_listener(Path(settings.state_dir) / PROGRESS_FILE)
+                )
             app.spark = spark
             last = index == len(runs) - 1
             try:

@@ -2,7 +2,8 @@
 
 Every scenario shares one embedded Redis and one embedded broker (or REDIS_URL /
 KAFKA_BOOTSTRAP_SERVERS when set) and writes `<scenario>.json` (plus PNGs) into `--output`;
-the run writes `machine.json` (hardware, versions, the exact command line) and `summary.json`.
+the run writes `machine.json` (hardware, versions, the exact command line), `summary.json` and
+`targets.json` (issue #16's targets for the fused runtime, from this run's figures only).
 Pipelines run as subprocesses; their logs stay under `.millstream/bench/runs/`.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from millstream.bench._harness import Bench, say, write_json
+from millstream.bench.targets import compute as compute_targets
 
 SCENARIOS = ("throughput", "latency", "watermarks", "dedup", "scaling", "steady")
 NOTES = """
@@ -35,16 +37,25 @@ measured):
   (the millstream variants interleaved in one process). `millstream-eo-task` is exactly-once
   with the shard tasks delivering to the transactional sink, `millstream-eo` with the driver
   delivering (the default for that sink): their ratio is what delivery by the driver gives.
-- Watermarks: the default (`delivery="auto"`: the shard tasks deliver the internal streams, the
-  driver the transactional sink's stream), then the same pipeline with every stage delivering
-  from the driver.
+- Two runtimes, chosen per pipeline process by `MILLSTREAM_RUNTIME`: `queries` (one Spark
+  query per computation, internal streams through Kafka; the default, the rows named
+  `millstream`) and `fused` (one query per application, productions handed to consumers
+  inside the micro-batch; the rows named `fused`). Throughput: `millstream-eo-fused` runs its
+  repeats in its own process right after the queries variants' process. Latency: both
+  millstream pipelines run with each runtime, then the Spark floor and Quix.
+- Watermarks: the same three-stage pipeline with `MILLSTREAM_RUNTIME=queries`, then `fused`,
+  both with `delivery="auto"` and `MILLSTREAM_IDLE_SLACK_MS=500`.
 - Record latency: produce -> visible to a `read_committed` consumer (computed live from the
   raw log and its transaction markers). The exactly-once and `exactly_once=False`
-  pass-throughs run as two queries of one pipeline process, side by side on the same input;
-  the window counter runs alone in another.
+  pass-throughs run as two computations of one pipeline process, side by side on the same
+  input; the window counter runs alone in another.
 - millstream closes a window when the low watermark passes its end; a caught-up Kafka partition
-  is idle and its watermark is now - `MILLSTREAM_IDLE_SLACK_MS` (2 s), which bounds window
-  latency from below. Quix closes a key's window when a later record reaches the partition.
+  is idle and its watermark is now - `MILLSTREAM_IDLE_SLACK_MS` (the default 2 s in the
+  latency scenario, 0.5 s in the watermarks scenario), which bounds window latency from below.
+  Quix closes a key's window when a later record reaches the partition.
+- `targets.json`: issue #16's targets for the fused runtime, judged on this run's figures only
+  (the queries runtime's value beside each); a target whose scenario did not run says
+  "not measured in this run".
 - The embedded broker (Tansu) answers a waiting Fetch on a ~250 ms tick (INFRA.md): a floor
   under every latency measured here, for every system.
 - Peak RSS is summed over the pipeline's process tree (driver, JVM, Python workers), sampled
@@ -131,6 +142,19 @@ def report(output: Path, machine: dict[str, Any], summary: dict[str, Any], image
         f"total {machine.get('total_seconds')} s.",
         "",
     ]
+    source = machine.get("source_at_start")
+    if source:
+        dirty = source.get("uncommitted_py") or []
+        lines += [
+            f"Code: commit {source['head'][:10]}"
+            + (
+                f" plus uncommitted changes to {', '.join(dirty)} (diff sha256 "
+                f"{source.get('diff_sha256')}; pipelines import the working tree)."
+                if dirty
+                else ", clean working tree."
+            ),
+            "",
+        ]
     lines += [line for line in NOTES.strip().splitlines()] + [""]
     for name, entry in summary["scenarios"].items():
         lines.append(f"## {name} ({entry['seconds']} s)")
@@ -146,6 +170,18 @@ def report(output: Path, machine: dict[str, Any], summary: dict[str, Any], image
         for plot in entry.get("plots", []):
             lines += ["", f"![{name}]({images}{Path(plot).name})"]
         lines.append("")
+    targets_file = output / "targets.json"
+    if targets_file.exists():
+        from millstream.bench.targets import table
+
+        entries = json.loads(targets_file.read_text())
+        lines += [
+            "## Targets (issue #16, fused runtime; `targets.json`)",
+            "",
+            table(entries),
+            "",
+        ]
+        lines += [f"- {e['name']}: {e['detail']}" for e in entries] + [""]
     return "\n".join(lines)
 
 
@@ -170,7 +206,7 @@ def _write_reports(
 
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    from millstream.bench.machine import describe
+    from millstream.bench.machine import describe, source_tree
     from millstream.embedded import embedded_services
     from millstream.settings import Settings
 
@@ -192,6 +228,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             return 2
         machine = describe(redis_url, bootstrap, argv if argv is not None else sys.argv[1:])
         machine["started_utc"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        machine["source_at_start"] = source_tree()
         write_json(args.output / "machine.json", machine)
         summary: dict[str, Any] = {
             "command": machine["command"],
@@ -218,10 +255,12 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             entry["seconds"] = round(time.monotonic() - began, 1)
             summary["scenarios"][name] = entry
             write_json(args.output / "summary.json", summary)
+            write_json(args.output / "targets.json", compute_targets(bench.results, failed))
             _write_reports(args.output, machine, summary, final=False)
         machine["load_average_at_end"] = list(os.getloadavg())
         machine["quixstreams"] = describe(redis_url, bootstrap, [])["quixstreams"]
         machine["total_seconds"] = round(time.monotonic() - started, 1)
+        machine["source_at_end"] = source_tree()
         write_json(args.output / "machine.json", machine)
         _write_reports(args.output, machine, summary, final=True)
     print(json.dumps({k: v for k, v in summary["scenarios"].items()}, indent=2))

@@ -72,6 +72,38 @@ def _quix() -> str | None:
     return _run(probe, stderr=False) or None
 
 
+def source_tree() -> dict[str, Any] | None:
+    """The code the run measured: the git commit, and the files that differed from it (with a
+    hash of that difference), since pipelines import the working tree. None outside git."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[2]
+    head = _run(["git", "-C", str(root), "rev-parse", "HEAD"], stderr=False)
+    if not re.fullmatch(r"[0-9a-f]{40}", head):
+        return None
+
+    def git(*args: str) -> bytes:
+        try:
+            return subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, timeout=30, check=False
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return b""
+
+    status = git("status", "--porcelain", "--untracked-files=all").decode(errors="replace")
+    dirty = sorted(
+        path
+        for line in status.splitlines()
+        if (path := line[3:]).endswith(".py") and not path.startswith(("tests/", "benchmarks/"))
+    )
+    diff = git("diff", "HEAD", "--", *dirty) if dirty else b""
+    return {
+        "head": head,
+        "uncommitted_py": dirty,
+        "diff_sha256": hashlib.sha256(diff).hexdigest()[:16] if dirty else None,
+    }
+
+
 def describe(redis_url: str, bootstrap: str, argv: list[str]) -> dict[str, Any]:
     import pyspark
 

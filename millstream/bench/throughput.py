@@ -16,6 +16,11 @@ counted a small separate topic (JVM, Python workers and imports warm for every m
 each run's start-up is counted from the end of the previous one. Every system runs
 `REPEATS` times (the millstream variants interleaved in their process) and is reported by its
 median run, with every repeat's rate beside it.
+
+The runtime is per process (MILLSTREAM_RUNTIME in its environment): the per-computation
+queries variants (`millstream-eo`, `-no-eo`, `-eo-task`) share one process, and right after
+it `millstream-eo-fused` (exactly-once, MILLSTREAM_RUNTIME=fused) runs its repeats in a
+second process with the same warm-up, so each runtime's peak RSS is its own process tree's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.bench._harness import (
+    PROGRESS_FILE,
+    BatchProfile,
     Bench,
     Process,
     committed_offsets,
@@ -37,6 +44,7 @@ from millstream.bench._harness import (
     quix_processed,
     redis_int,
     say,
+    spark_progress,
     write_json,
 )
 from millstream.bench._workload import new_topic, preload
@@ -91,14 +99,20 @@ class Variant:
     exactly_once: bool = True
     shards: int = 8
     delivery: str = "auto"
+    runtime: str = "queries"  # MILLSTREAM_RUNTIME; every variant of one process has the same
 
 
 def run_millstream(
     bench: Bench, topic: str, events: int, variants: list[Variant], master: str = "local[2]"
 ) -> list[dict[str, Any]]:
     """The window count over the whole topic, once per variant, one after the other in one
-    pipeline process (one Spark session: the JVM starts once); each variant is its own app."""
-    folder = bench.run_dir(f"{NAME}-{master}")
+    pipeline process (one Spark session: the JVM starts once); each variant is its own app.
+    The variants share the process's runtime (MILLSTREAM_RUNTIME)."""
+    runtimes = {v.runtime for v in variants}
+    if len(runtimes) != 1:
+        raise ValueError(f"one pipeline process runs one runtime, not {sorted(runtimes)}")
+    runtime = runtimes.pop()
+    folder = bench.run_dir(f"{NAME}-{master}-{runtime}")
 
     def window_count(source: str, variant: Variant, n: int) -> dict[str, Any]:
         app = f"bt-{uuid.uuid4().hex[:8]}"
@@ -125,9 +139,12 @@ def run_millstream(
     rows = []
     series = {"app": warm["app"], "runs": [warm, *configs], "events": events}
     with millstream_pipeline(
-        bench, series, folder, master=master, max_batch=batch_cap(events)
+        bench, series, folder, master=master, max_batch=batch_cap(events), runtime=runtime
     ) as process:
-        say(f"{master}: warming up (JVM, Python workers) on {warm_events} other events")
+        say(
+            f"{master}, MILLSTREAM_RUNTIME={runtime}: warming up (JVM, Python workers) "
+            f"on {warm_events} other events"
+        )
         process.wait_for(
             "the warm-up run",
             lambda: metric(client, str(warm["app"]), "window_counter", "records") >= warm_events,
@@ -138,23 +155,32 @@ def run_millstream(
             app = str(config["app"])
             say(
                 f"{variant.label}: {events} events, exactly_once={variant.exactly_once}, "
-                f"{master}, {variant.shards} shards, delivery by {variant.delivery}"
+                f"{master}, {variant.shards} shards, delivery by {variant.delivery}, "
+                f"MILLSTREAM_RUNTIME={runtime}"
             )
-            result = _follow(
-                process,
-                lambda app=app: metric(client, app, "window_counter", "records"),
-                lambda app=app: metric(client, app, "window_counter", "records") >= events,
-                events,
-                timeout=900,
-                since=since,
-            )
+            profile = BatchProfile(client, app, ["window_counter"])
+            profile.start()
+            try:
+                result = _follow(
+                    process,
+                    lambda app=app: metric(client, app, "window_counter", "records"),
+                    lambda app=app: metric(client, app, "window_counter", "records") >= events,
+                    events,
+                    timeout=900,
+                    since=since,
+                )
+            finally:
+                profile.stop()
             since = time.monotonic()
             result.update(
                 system=variant.label,
+                runtime=runtime,
                 exactly_once=variant.exactly_once,
                 master=master,
                 shards=variant.shards,
                 delivery=variant.delivery,
+                profile=profile.summary(),
+                log=str(process.log_path),
                 batches=metric(client, app, "window_counter", "batches"),
                 duplicates_dropped=metric(client, app, "window_counter", "duplicates"),
                 catalog_reads=metric(client, app, "window_counter", "catalog_reads"),
@@ -164,6 +190,8 @@ def run_millstream(
         for row in rows:  # one process ran them all
             row["peak_rss_mb"] = process.peak_rss_mb
             row["query_restarts"] = process.restarts
+    for row, config in zip(rows, configs, strict=True):
+        row["spark"] = spark_progress(folder / PROGRESS_FILE, f"{config['app']}.")
     return rows
 
 
@@ -243,29 +271,37 @@ def run(bench: Bench) -> dict[str, Any]:
         Variant("millstream-no-eo", exactly_once=False),
         Variant("millstream-eo-task", delivery="task"),
     ]
+    fused_variants = [Variant("millstream-eo-fused", runtime="fused")]
     # Interleaved (eo, no-eo, task, eo, ...) in one process, so drift in the machine's load
-    # and the JVM's warmth spreads over every variant alike.
+    # and the JVM's warmth spreads over every variant alike; the fused runtime right after,
+    # in its own process (the runtime is a process's setting).
     runs = run_millstream(bench, topic, events, variants * repeats)
-    rows = [median_run([r for r in runs if r["system"] == v.label]) for v in variants]
+    runs += run_millstream(bench, topic, events, fused_variants * repeats)
+    rows = [
+        median_run([r for r in runs if r["system"] == v.label]) for v in variants + fused_variants
+    ]
     rows.append(median_run([run_quix(bench, topic, events) for _ in range(repeats)]))
     rows.append(median_run([run_plain(bench, topic, events) for _ in range(repeats)]))
     by = {r["system"]: r for r in rows}
-    eo = by["millstream-eo"]["events_per_s"] or 0.0
 
-    def ratio(other: str) -> float | None:
-        theirs = by[other]["events_per_s"]
-        return round(eo / theirs, 3) if theirs else None
+    def ratio(mine: str, other: str) -> float | None:
+        ours, theirs = by[mine]["events_per_s"], by[other]["events_per_s"]
+        return round(ours / theirs, 3) if ours and theirs else None
 
     ratios = {
-        "millstream_eo/millstream_no_eo": ratio("millstream-no-eo"),
-        "millstream_eo/millstream_eo_task_delivery": ratio("millstream-eo-task"),
-        "millstream_eo/quix": ratio("quix"),
-        "millstream_eo/plain_spark": ratio("plain-spark"),
+        "millstream_eo/millstream_no_eo": ratio("millstream-eo", "millstream-no-eo"),
+        "millstream_eo/millstream_eo_task_delivery": ratio("millstream-eo", "millstream-eo-task"),
+        "millstream_eo/quix": ratio("millstream-eo", "quix"),
+        "millstream_eo/plain_spark": ratio("millstream-eo", "plain-spark"),
+        "millstream_eo_fused/millstream_eo": ratio("millstream-eo-fused", "millstream-eo"),
+        "millstream_eo_fused/quix": ratio("millstream-eo-fused", "quix"),
+        "millstream_eo_fused/plain_spark": ratio("millstream-eo-fused", "plain-spark"),
     }
     table = print_table(
         f"throughput: {events:,} events, 1,000 Zipf keys, 4 partitions, 1 s tumbling count",
         [
             "system",
+            "runtime",
             "exactly-once",
             "events/s (median)",
             "repeats",
@@ -277,6 +313,7 @@ def run(bench: Bench) -> dict[str, Any]:
         [
             [
                 r["system"],
+                r.get("runtime", "-"),
                 "yes" if r["exactly_once"] else "no",
                 r["events_per_s"],
                 " / ".join(f"{x:,.0f}" for x in r["repeats_events_per_s"] if x),

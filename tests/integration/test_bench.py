@@ -54,6 +54,11 @@ def test_bench_quick_dedup_writes_table_json_and_machine(
             assert row["reads_per_record"] == 1  # without it, every id goes to the catalog
     summary = json.loads((out / "summary.json").read_text())
     assert summary["scenarios"]["dedup"]["ok"] is True
+    # Issue #16's targets: none of their scenarios ran, so none is measured (never invented).
+    targets = json.loads((out / "targets.json").read_text())
+    assert targets and all(t["measured"] is None and t["met"] is None for t in targets)
+    assert all(t["detail"].startswith("not measured in this run") for t in targets)
+    assert "## Targets" in (out / "README.md").read_text()
 
 
 def test_bench_rejects_an_unknown_scenario(tmp_path: Path) -> None:

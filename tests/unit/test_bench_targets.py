@@ -1,0 +1,322 @@
+"""Issue #16's targets judged on canned scenario results (millstream/bench/targets.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from millstream.bench import targets
+from millstream.bench._harness import profile_summary, spark_progress
+from millstream.bench.cli import report
+
+
+def _stages(medians: tuple[float | None, float | None, float | None]) -> dict[str, Any]:
+    return {
+        stage: {"samples": 55, "median_s": m, "p95_s": m, "max_s": m}
+        for stage, m in zip(targets.STAGES, medians, strict=True)
+    }
+
+
+FUSED_PROFILE = {
+    "#fused": {
+        "batches_seen": 120,
+        "seconds": {"p50": 0.41, "p95": 0.9, "max": 1.2},
+        "phases": {"read": {"p50": 0.05, "p95": 0.1, "max": 0.2}},
+    }
+}
+
+
+SPARK = {"bw.fused": {"triggers": 40, "gap_s": {"p50": 1.1, "p95": 1.5, "max": 2.0}}}
+
+
+def watermarks(
+    fused: tuple[float | None, float | None, float | None],
+    queries: tuple[float | None, float | None, float | None] = (3.0, 4.0, 5.0),
+    *,
+    rate: float = 1000.0,
+    slack: int = 500,
+) -> dict[str, Any]:
+    return {
+        "scenario": "watermarks",
+        "rate": rate,
+        "idle_slack_ms": slack,
+        "delivery": "auto",
+        "runtimes": {
+            "queries": {"stages": _stages(queries), "peak_rss_mb": 2400.0, "query_restarts": 0},
+            "fused": {
+                "stages": _stages(fused),
+                "peak_rss_mb": 1500.0,
+                "query_restarts": 0,
+                "profile": FUSED_PROFILE,
+                "spark": SPARK,
+            },
+        },
+    }
+
+
+def _lat(p50: float | None, p95: float = 9.0, p99: float = 9.5) -> dict[str, Any]:
+    return {"1000": {"n": 100, "p50": p50, "p95": p95, "p99": p99, "max": 10.0}}
+
+
+def latency(
+    *,
+    fused_record: float | None = 1.0,
+    fused_window: float | None = 2.5,
+    floor: float | None = 0.9,
+    quix_window: float | None = 0.25,
+    slack: int | None = 2000,
+    drained: bool = True,
+) -> dict[str, Any]:
+    def mill(runtime: str, record: float | None, window: float | None, rss: float) -> Any:
+        return {
+            "runtime": runtime,
+            "record_eo": _lat(record),
+            "record_no_eo": _lat(record),
+            "window": _lat(window),
+            "peak_rss_mb": rss,
+            "window_peak_rss_mb": rss - 500,
+            "drained": drained if runtime == "fused" else True,
+            "records_pipeline": {"profile": FUSED_PROFILE},
+            "window_pipeline": {"profile": FUSED_PROFILE},
+        }
+
+    return {
+        "scenario": "latency",
+        "idle_slack_ms": slack,
+        "millstream": mill("queries", 5.0, 7.5, 2600.0),
+        "millstream_fused": mill("fused", fused_record, fused_window, 1800.0),
+        "spark_floor": {"record": _lat(floor), "peak_rss_mb": 2400.0},
+        "quix": {"window": _lat(quix_window), "peak_rss_mb": 95.0},
+    }
+
+
+def throughput(fused: float | None = 20_000.0, quix: float | None = 16_000.0) -> dict[str, Any]:
+    def row(system: str, rate: float | None, rss: float) -> dict[str, Any]:
+        return {
+            "system": system,
+            "events_per_s": rate,
+            "repeats_events_per_s": [rate, rate, rate],
+            "peak_rss_mb": rss,
+            "profile": {"window_counter": {"batches_seen": 10}},
+            "spark": SPARK,
+        }
+
+    return {
+        "scenario": "throughput",
+        "events": 200_000,
+        "runs": [
+            row("millstream-eo", 8000.0, 2400.0),
+            row("millstream-no-eo", 8500.0, 2400.0),
+            row("millstream-eo-fused", fused, 2000.0),
+            row("quix", quix, 145.0),
+        ],
+    }
+
+
+def by_name(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in entries}
+
+
+def test_one_entry_per_target_with_the_required_fields() -> None:
+    entries = targets.compute(
+        {
+            "watermarks": watermarks((1.5, 1.7, 1.9)),
+            "latency": latency(),
+            "throughput": throughput(),
+        }
+    )
+    assert len(entries) == 7
+    for e in entries:
+        assert {"name", "measured", "goal", "met", "detail", "queries"} <= e.keys()
+    json.dumps(entries)  # written as JSON
+
+
+def test_watermark_stages_are_judged_by_stage_one_and_each_increment() -> None:
+    entries = targets.watermark_targets(watermarks((1.5, 1.7, 2.1), queries=(3.0, 4.0, 5.0)))
+    one, two, three = entries
+    assert (one["measured"], one["goal"], one["met"]) == (1.5, 1.8, True)
+    assert (two["measured"], two["goal"], two["met"]) == (0.2, 0.3, True)
+    assert (three["measured"], three["met"]) == (0.4, False)
+    assert "Missed by 0.1 s" in three["detail"]
+    # a miss carries where the time goes: the runtime's batch phases and Spark's triggers
+    assert three["profile"] == {"batches": FUSED_PROFILE["#fused"], "spark_triggers": SPARK}
+    assert "profile" not in one
+    assert (one["queries"], one["queries_met"]) == (3.0, False)
+    assert (two["queries"], three["queries"]) == (1.0, 1.0)
+    assert "MILLSTREAM_IDLE_SLACK_MS=500" in one["detail"]
+
+
+def test_watermarks_at_another_rate_or_slack_are_not_measured() -> None:
+    for result in (
+        watermarks((1.0, 1.1, 1.2), rate=5000.0),
+        watermarks((1.0, 1.1, 1.2), slack=2000),
+    ):
+        for e in targets.watermark_targets(result):
+            assert e["measured"] is None and e["met"] is None
+            assert e["detail"].startswith("not measured in this run")
+
+
+def test_a_stage_without_samples_is_not_judged() -> None:
+    one, two, three = targets.watermark_targets(watermarks((1.5, None, 1.9)))
+    assert one["met"] is True
+    assert two["measured"] is None and two["met"] is None
+    assert three["measured"] is None and three["met"] is None
+
+
+def test_record_latency_is_a_ratio_to_the_spark_floor() -> None:
+    record, _ = targets.latency_targets(latency(fused_record=1.0, floor=0.9))
+    assert record["measured"] == pytest.approx(1.111, abs=1e-3)
+    assert record["goal"] == 1.2 and record["met"] is True
+    assert record["queries"] == pytest.approx(5.0 / 0.9, abs=1e-3)
+    assert record["queries_met"] is False
+    missed, _ = targets.latency_targets(latency(fused_record=1.8, floor=0.9))
+    assert missed["measured"] == 2.0 and missed["met"] is False
+    assert "Missed by 0.8 x" in missed["detail"]
+    assert missed["profile"] == {"batches": FUSED_PROFILE["#fused"], "spark_triggers": None}
+
+
+def test_window_latency_goal_is_the_floor_plus_the_latency_runs_idle_slack() -> None:
+    _, window = targets.latency_targets(latency(fused_window=2.5, floor=0.9, slack=2000))
+    assert window["goal"] == 2.9 and window["met"] is True
+    assert window["ratio_to_quix"] == 10.0
+    assert "fused/Quix 10.0" in window["detail"]
+    _, tight = targets.latency_targets(latency(fused_window=2.5, floor=0.9, slack=500))
+    assert tight["goal"] == 1.4 and tight["met"] is False
+    assert "Missed by 1.1 s" in tight["detail"]
+
+
+def test_a_pipeline_that_did_not_catch_up_says_so() -> None:
+    record, window = targets.latency_targets(latency(drained=False))
+    assert "had not caught up" in record["detail"]
+    assert "had not caught up" in window["detail"]
+
+
+def test_latency_without_a_floor_figure_is_not_measured() -> None:
+    record, window = targets.latency_targets(latency(floor=None))
+    assert record["met"] is None and window["met"] is None
+    assert record["measured"] is None and window["measured"] is None
+
+
+def test_throughput_is_judged_against_quix_with_the_aim_stated() -> None:
+    (entry,) = targets.throughput_targets(throughput(fused=20_000.0, quix=16_000.0))
+    assert entry["measured"] == 1.25 and entry["goal"] == 1.0 and entry["met"] is True
+    assert entry["queries"] == 0.5 and entry["queries_met"] is False
+    assert entry["aim"] == 2.0 and "(not reached)" in entry["detail"]
+    (slow,) = targets.throughput_targets(throughput(fused=12_000.0, quix=16_000.0))
+    assert slow["measured"] == 0.75 and slow["met"] is False
+    assert "Missed by 0.25 x" in slow["detail"]
+    assert slow["profile"] == {"batches": None, "spark_triggers": SPARK}
+
+
+def test_peak_rss_compares_the_largest_fused_pipeline_with_the_queries_ones() -> None:
+    entry = targets.rss_target(
+        {
+            "watermarks": watermarks((1.5, 1.7, 1.9)),
+            "latency": latency(),
+            "throughput": throughput(),
+        }
+    )
+    assert entry["measured"] == 2000.0  # throughput's fused process
+    assert entry["goal"] == 2600.0  # latency's queries pass-through process
+    assert entry["met"] is True
+    assert set(entry["per_pipeline"]) == {
+        "watermarks, 3 stages",
+        "latency, 2 pass-throughs",
+        "latency, window counter",
+        "throughput, window counter",
+    }
+    assert "Fused lower in 4 of 4" in entry["detail"]
+
+
+def test_targets_of_scenarios_not_run_are_null_never_invented() -> None:
+    entries = targets.compute({"dedup": {"rows": []}})
+    assert len(entries) == 7
+    for e in entries:
+        assert e["measured"] is None and e["met"] is None
+        assert e["detail"].startswith("not measured in this run")
+    failed = by_name(targets.compute({}, failed=["latency"]))
+    assert "the latency scenario failed" in failed[targets.RECORD_NAME]["detail"]
+    assert "was not run" in failed[targets.THROUGHPUT_NAME]["detail"]
+
+
+def test_only_the_scenarios_run_are_judged() -> None:
+    entries = by_name(targets.compute({"throughput": throughput()}))
+    assert entries[targets.THROUGHPUT_NAME]["met"] is True
+    assert entries[targets.RECORD_NAME]["met"] is None
+    assert entries[targets.WATERMARK_NAMES[0]]["met"] is None
+    rss = entries[targets.RSS_NAME]
+    assert rss["measured"] == 2000.0 and rss["goal"] == 2400.0
+    assert list(rss["per_pipeline"]) == ["throughput, window counter"]
+
+
+def test_profile_summary_keeps_each_batch_once_and_gives_phase_spreads() -> None:
+    batches = {
+        "#fused": {
+            i: {"batch_id": i, "rows": 100 * i, "phases": {"read": 0.01 * i, "deliver_ack": 0.1}}
+            for i in range(1, 11)
+        },
+        "stage": {i: {"batch_id": i, "seconds": 0.2} for i in range(1, 5)},
+    }
+    summary = profile_summary(batches, 12.0)
+    assert summary["#fused"]["batches_seen"] == 10
+    assert summary["#fused"]["batch_ids"] == [1, 10]
+    assert summary["#fused"]["phases"]["deliver_ack"]["p50"] == 0.1
+    assert summary["#fused"]["rows"]["max"] == 1000.0
+    assert summary["stage"]["seconds"] == {"p50": 0.2, "p95": 0.2, "max": 0.2}
+    assert "with_input" not in summary["#fused"]  # every batch had rows
+    batches["#fused"][11] = {"batch_id": 11, "rows": 0, "phases": {"read": 0.5}}
+    mixed = profile_summary(batches, 12.0)["#fused"]
+    assert mixed["batches_seen"] == 11 and mixed["with_input"]["batches"] == 10
+    assert mixed["with_input"]["phases"]["read"]["max"] == 0.1
+
+
+def test_the_results_page_shows_the_targets_table(tmp_path: Path) -> None:
+    entries = targets.compute({"throughput": throughput()})
+    (tmp_path / "targets.json").write_text(json.dumps(entries))
+    machine = {
+        "command": "millstream bench --scenarios throughput",
+        "cores": 2,
+        "cpu_model": "x",
+        "ram_gib": 1,
+        "python": "3",
+        "java": "17",
+        "spark": "4",
+        "redis": "7",
+        "kafka_broker": "tansu",
+        "quixstreams": "3",
+        "load_average_at_start": [1.0, 1.0, 1.0],
+    }
+    page = report(tmp_path, machine, {"quick": False, "scenarios": {}})
+    assert "## Targets" in page
+    assert f"| {targets.THROUGHPUT_NAME} | 1.25 x | >= 1.0 x | yes | 0.5 x |" in page
+    assert "not measured" in page
+
+
+def test_spark_progress_summarises_each_querys_triggers(tmp_path: Path) -> None:
+    lines = [
+        {
+            "query": name,
+            "run": "r",
+            "batch": b,
+            "timestamp": f"2026-11-25T10:00:0{b}.000Z",
+            "rows": 10 * b,
+            "duration_ms": {"addBatch": 100, "latestOffset": 50 * b, "triggerExecution": 400},
+        }
+        for name in ("app1.fused", "other.fused")
+        for b in range(1, 6)
+    ]
+    path = tmp_path / "progress.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
+    found = spark_progress(path, "app1.")
+    assert list(found) == ["app1.fused"]
+    entry = found["app1.fused"]
+    assert entry["triggers"] == 5 and entry["with_rows"] == 5
+    assert entry["gap_s"]["p50"] == 1.0
+    assert entry["duration_s"]["addBatch"]["p50"] == 0.1
+    assert entry["duration_s"]["latestOffset"]["max"] == 0.25
+    since = spark_progress(path, "app1.", since_ms=1795600803000)  # 10:00:03 UTC
+    assert since["app1.fused"]["triggers"] == 3
+    assert spark_progress(tmp_path / "missing.jsonl", "app1.") == {}
