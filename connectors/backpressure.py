@@ -18,7 +18,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,16 +61,22 @@ def pending_counts(client: Any, keys: list[ShardKeys]) -> list[int]:
     return [int(n) for n in pipe.execute()]
 
 
-def drain_shard(plan: BatchPlan, spec: ComputationSpec, shard: int) -> DrainResult:
+def drain_shard(
+    plan: BatchPlan, spec: ComputationSpec, shard: int, only: frozenset[str] | None = None
+) -> DrainResult:
     """Executor side: take the shard's lease, re-deliver its checkpoints, acknowledge them.
 
     Runs no user code and fires no timers, so it adds no productions. A failed delivery leaves
     the checkpoints where they are; a newer owner (FencedError) delivers them itself.
+    `only` (the fused runtime): only checkpoints of these streams, bound only outside the
+    application; the others wait to be handed to their consumers in the next batch.
     """
     keys = ShardKeys(plan.app, spec.name, shard)
     store = ShardStore(connect(plan.redis_url), keys, plan.shard_config)
     store.acquire()
     pending = store.pending_productions()
+    if only is not None:
+        pending = [p for p in pending if p.stream in only]
     if not pending:
         return DrainResult(shard, 0, 0)
     streams = tuple(sorted({p.stream for p in pending}))
@@ -101,10 +107,10 @@ def _delivery_plan(runner: ComputationRunner, batch_id: int) -> BatchPlan:
     return runner.batch_plan(batch_id, NONE_KNOWN)
 
 
-def targets_of(runner: ComputationRunner, streams: set[str]) -> str:
+def targets_of(deliveries: Mapping[str, Sequence[Any]], streams: set[str]) -> str:
     """Human-readable targets of these output streams, for the log."""
     names = []
-    for stream, targets in sorted(runner.deliveries.items()):
+    for stream, targets in sorted(deliveries.items()):
         if stream not in streams:
             continue
         for target in targets:
@@ -159,7 +165,7 @@ def hold_while_backlogged(runner: ComputationRunner, spark: Any, batch_id: int) 
                 "%.0fs%s",
                 name,
                 targets_of(
-                    runner,
+                    runner.deliveries,
                     {s for r in results if r.error for s in r.streams}
                     or {s for r in results for s in r.streams},
                 ),

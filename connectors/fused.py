@@ -36,6 +36,14 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from millstream.connectors.backpressure import (
+    FIRST_PAUSE_S,
+    LOG_EVERY_S,
+    MAX_PAUSE_S,
+    drain_shard,
+    pending_counts,
+    targets_of,
+)
 from millstream.connectors.delivery import Target, deliver_all
 from millstream.connectors.driver import (
     OOM_RETRY_SECONDS,
@@ -318,7 +326,75 @@ class FusedRunner:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
+    def _hold_while_backlogged(self, batch_id: int) -> None:
+        """Backpressure: while a shard holds more than MILLSTREAM_MAX_PENDING_PRODUCTIONS
+        checkpoints bound outside (its sink is down or slow), take no new input: re-deliver
+        them from here, with backoff, until every shard is under the limit. Checkpoints that
+        consumers here still have to see wait for the batch's hand-over: they never block it
+        (so a stream both consumed here and sunk outside gets no backpressure yet)."""
+        limit = self.settings.max_pending_productions
+        for stage in self.stages.values():
+            if not any(stage.targets.values()):
+                continue
+            keys = stage.keys(self.topology.app)
+            counts = pending_counts(self.client, keys)
+            if max(counts, default=0) <= limit:
+                continue
+            # Streams bound only outside: one also consumed here is acknowledged only after
+            # its hand-over, in a batch.
+            outside = frozenset(
+                s for s, t in stage.targets.items() if t and s not in stage.consumers
+            )
+            started, pause, last_log, error = time.monotonic(), FIRST_PAUSE_S, 0.0, None
+            while True:
+                if self.query is not None and not self.query.isActive:
+                    raise MillstreamError(
+                        f"application {self.topology.app!r} was stopped while waiting for its "
+                        f"targets; micro-batch {batch_id} stays unprocessed and runs on restart"
+                    )
+                plan = self._plan(stage, batch_id, NONE_KNOWN, now_ms())
+                over = [s for s, n in enumerate(counts) if n > limit]
+                drain = functools.partial(drain_shard, plan, stage.spec, only=outside)
+                drained = list(self._pool.map(drain, over))
+                error = next((d.error for d in drained if d.error), error)
+                counts = pending_counts(self.client, keys)
+                if max(counts) <= limit or not any(d.pending for d in drained):
+                    break  # under the limit, or what is left waits for the hand-over
+                if time.monotonic() - last_log >= LOG_EVERY_S:
+                    last_log = time.monotonic()
+                    log.warning(
+                        "computation %s is waiting on target(s) %s: %d productions pending "
+                        "(MILLSTREAM_MAX_PENDING_PRODUCTIONS=%d per shard); not taking new "
+                        "input for %.0fs%s",
+                        stage.name,
+                        targets_of(stage.targets, {s for d in drained for s in d.streams}),
+                        sum(counts),
+                        limit,
+                        time.monotonic() - started,
+                        f"; last error: {error}" if error else "",
+                    )
+                    since = now_ms() - int((time.monotonic() - started) * 1000)
+                    self.client.hset(
+                        stage.metrics_key,
+                        "backpressure",
+                        json.dumps({"since": since, "pending": counts}),
+                    )
+                time.sleep(pause)
+                pause = min(MAX_PAUSE_S, pause * 2)
+            waited = time.monotonic() - started
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hincrby(stage.metrics_key, "backpressure_waits", 1)
+            pipe.hincrbyfloat(stage.metrics_key, "backpressure_seconds", round(waited, 3))
+            pipe.hdel(stage.metrics_key, "backpressure")
+            pipe.execute()
+            log.warning(
+                "computation %s: targets accept productions again after %.1fs; taking new input",
+                stage.name,
+                waited,
+            )
+
     def _run_batch(self, batch_df: Any, batch_id: int) -> None:
+        self._hold_while_backlogged(batch_id)
         started = time.perf_counter()
         spark = batch_df.sparkSession
         rows = _rows(batch_df.toArrow())
@@ -420,7 +496,8 @@ class FusedRunner:
         extractors = dict(stage.spec.inputs)
         rows = [row for s in extractors for row in (*by_stream.get(s, ()), *handed.get(s, ()))]
         inputs: dict[int, list[TaskInput]] = {}
-        for shard, item in _route(extractors, stage.shards, iter(rows)):
+        routed = _route(extractors, stage.shards, iter(rows), stage.spec.formats)
+        for shard, item in routed:
             inputs.setdefault(shard, []).append(item)
         return inputs
 
