@@ -27,6 +27,7 @@ from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.serde import serde_named
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
 from millstream.errors import ConfigurationError, FencedError, MillstreamError, StaleBatchError
+from millstream.fault_points import fault_point
 from millstream.headers import (
     HEADER_ID,
     HEADER_SYSTEM_TIME,
@@ -371,6 +372,7 @@ def _run_once(
         try:
             deliver_all(plan, spec.name, store.keys.shard, runner.weak)
             runner.count("weak_delivered", len(runner.weak))
+            fault_point("after_weak_delivery")  # delivered downstream, nothing committed here
         except ConfigurationError:
             raise
         except (MillstreamError, KafkaException) as exc:

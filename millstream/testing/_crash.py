@@ -17,13 +17,15 @@ The runtime does not import this module: it calls `millstream.fault_points.fault
 (`with_crash_hook(env)` adds that to a pipeline's environment when it asks for a crash;
 `PipelineProcess` does so).
 
-Points (see `connectors/delivery.py`, `connectors/fused.py` and `sinks/kafka_transactional.py`):
+Points (see `connectors/delivery.py`, `connectors/shard_task.py`, `connectors/fused.py` and `sinks/kafka_transactional.py`):
 
 - `after_redis_commit`: productions are checkpointed in Redis; the sink was not called yet.
 - `before_kafka_commit`: `KafkaTransactionalSink` produced the records and they are
   acknowledged, the transaction (with its progress offsets) is not committed.
 - `after_kafka_commit`: the sink's `deliver` returned (committed / acknowledged by Kafka); the
   checkpoints are not acknowledged in Redis yet.
+- `after_weak_delivery` (`connectors/shard_task.py`): a shard's weak productions are delivered
+  downstream; its input ids, state and timers are not committed yet.
 - `fused_after_consumers_commit` (`connectors/fused.py`): in a batch that handed productions
   over, every consumer committed them; nothing is delivered outside or acknowledged yet.
 """
@@ -45,6 +47,7 @@ POINTS = (
     "before_kafka_commit",
     "after_kafka_commit",
     "fused_after_consumers_commit",
+    "after_weak_delivery",
 )
 ENV_AT = "MILLSTREAM_TEST_CRASH_AT"
 ENV_FILE = "MILLSTREAM_TEST_CRASH_FILE"

@@ -1,0 +1,50 @@
+"""A two-stage topology with weak productions (`tests.e2e.weak_target:topology`).
+
+`forward` (keyed by the input's `k`) counts each key and emits one weak production per input,
+`{"e": event id, "k": key}`, delivered to the internal stream before its own commit (MillWheel
+6.1.3); `tally` counts what arrives per key and per event (a second arrival of an event is
+recorded under "again"). Configured by the environment: WEAK_TARGET_TOPIC, MILLSTREAM_APP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from millstream import Computation, Context, Record, Topology, json_field, kafka_source
+
+SHARDS = 2
+
+
+class Forward(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        body = json.loads(record.value)
+        ctx.set_state(ctx.get_state(0) + 1)
+        ctx.produce("forwarded", ctx.key, {"e": body["e"], "k": ctx.key})
+
+
+class Tally(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        event = json.loads(record.value)["e"]
+        state = ctx.get_state({"n": 0, "events": [], "again": []})
+        if event in state["events"]:
+            state["again"].append(event)
+        else:
+            state["events"].append(event)
+            state["n"] += 1
+        ctx.set_state(state)
+
+
+def topology() -> Topology:
+    built = Topology(os.environ["MILLSTREAM_APP"])
+    built.source(
+        "input", kafka_source(os.environ["WEAK_TARGET_TOPIC"], id_header="id"),
+        max_out_of_order_ms=10_000,
+    )  # fmt: skip
+    by_k = json_field("k")
+    built.computation(
+        "forward", Forward(), inputs={"input": by_k}, outputs=["forwarded"],
+        productions="weak", shards=SHARDS,
+    )  # fmt: skip
+    built.computation("tally", Tally(), inputs={"forwarded": by_k}, shards=SHARDS)
+    return built
