@@ -146,11 +146,19 @@ def hold_while_backlogged(runner: ComputationRunner, spark: Any, batch_id: int) 
             )
         plan = _delivery_plan(runner, batch_id)
         backlogged = [s for s, n in enumerate(counts) if n > 0]
-        results: list[DrainResult] = (
-            spark.sparkContext.parallelize(backlogged, len(backlogged))
-            .mapPartitions(functools.partial(_drain_task, plan, runner.spec))
-            .collect()
-        )
+        results: list[DrainResult]
+        if runner.driver_delivery is not None:
+            # The driver delivers this computation's productions: drain with its producers.
+            # A drain task in an executor would start a second transactional producer per
+            # shard, racing the driver's (seen: a commit in doubt resumed after the drain had
+            # re-delivered the same productions: doubles).
+            results = [drain_shard(plan, runner.spec, s) for s in backlogged]
+        else:
+            results = (
+                spark.sparkContext.parallelize(backlogged, len(backlogged))
+                .mapPartitions(functools.partial(_drain_task, plan, runner.spec))
+                .collect()
+            )
         rounds += 1
         last_error = next((r.error for r in results if r.error), last_error)
         counts = pending_counts(runner.client, keys)
