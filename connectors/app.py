@@ -1,4 +1,4 @@
-"""Run a topology: start one streaming query per computation and keep them going.
+"""Run a topology: start its fused streaming queries and keep them going.
 
 A small function wires the layers; no god object. Stops cleanly on Ctrl-C or SIGTERM.
 """
@@ -15,11 +15,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from millstream.connectors.driver import DEFAULT_PARTITIONS, ComputationRunner, Endpoints
+from millstream.connectors.fused import FusedRunner
+from millstream.connectors.segments import Segment, SegmentLayout, plan_segments
+from millstream.connectors.targets import DEFAULT_PARTITIONS, Endpoints
 from millstream.connectors.topics import ensure_topics
 from millstream.connectors.topology import Topology
 from millstream.errors import ConfigurationError
 from millstream.settings import Settings
+from millstream.state.client import connect
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,7 @@ def spark_session(settings: Settings, app_name: str) -> Any:
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.scheduler.mode", "FAIR")  # concurrent queries interleave their jobs
+        .config("spark.scheduler.mode", "FAIR")  # queries added at run time interleave jobs
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
@@ -101,7 +104,7 @@ def ship_user_code(topology: Topology) -> None:
 
 
 class Application:
-    """The running queries of one topology."""
+    """The running fused queries of one topology (connectors/fused.py, connectors/segments.py)."""
 
     def __init__(self, topology: Topology, settings: Settings, ends: Endpoints, spark: Any):
         topology.validate()
@@ -110,61 +113,123 @@ class Application:
         self.settings = settings
         self.endpoints = ends
         self.spark = spark
-        self.runners: dict[str, ComputationRunner] = {}
+        self.runners: dict[str, FusedRunner] = {}  # query (segment) name -> its runner
         self.restarts: dict[str, list[float]] = {}
+        self.layout = SegmentLayout(connect(ends.redis_url), topology.app)
+        self._prepared: list[FusedRunner] = []
+
+    def running(self) -> dict[str, str]:
+        """Computation -> the query that runs it."""
+        return {name: seg for seg, runner in self.runners.items() for name in runner.order}
+
+    def _build(self, names: list[str] | None) -> list[FusedRunner]:
+        """Runners for the wanted computations that do not run yet (their checks done: the
+        recorded shard count, cycles), and the topics they write created."""
+        wanted = names or list(self.topology.computations)
+        unknown = sorted(set(wanted) - set(self.topology.computations))
+        if unknown:
+            raise ConfigurationError(f"no computation named {unknown} in the topology")
+        segments = plan_segments(self.layout.load(), wanted, self.running())
+        runners = [
+            FusedRunner(
+                self.topology,
+                self.settings,
+                self.endpoints,
+                list(seg.computations),
+                segment=seg.name,
+                reads=seg.reads,
+            )
+            for seg in segments
+        ]
+        self._ensure_topics(runners)
+        return runners
+
+    def _ensure_topics(self, runners: list[FusedRunner]) -> None:
+        topics = {
+            topic: self.topology.partitions.get(stream, DEFAULT_PARTITIONS)
+            for runner in runners
+            for stream in self.topology.internal_streams()
+            if (topic := self.topology.topic_of(stream)) in runner.topics()
+        }
+        if topics:
+            ensure_topics(self.endpoints.kafka, topics)
 
     def prepare(self) -> None:
-        streams = self.topology.internal_streams()
-        if self.settings.runtime == "fused":  # only the topics something outside reads
-            from millstream.connectors.fused import FusedRunner
-
-            written = set(FusedRunner(self.topology, self.settings, self.endpoints).topics())
-            streams = [s for s in streams if self.topology.topic_of(s) in written]
-        topics = {
-            self.topology.topic_of(s): self.topology.partitions.get(s, DEFAULT_PARTITIONS)
-            for s in streams
-        }
-        ensure_topics(self.endpoints.kafka, topics)
+        """Build the queries `start()` starts and create the topics they write: an unreachable
+        broker or a configuration error fails here, before the JVM starts."""
+        self._prepared = self._build(None)
 
     def start(self, names: list[str] | None = None) -> None:
-        """Start computations (all by default); others already running are left untouched.
+        """Start computations (all by default); others already running keep running.
 
-        Every runner is built (its checks done: the recorded shard count) before any query
-        starts, so a configuration error starts nothing. With MILLSTREAM_RUNTIME=fused one query
-        runs every computation (connectors/fused.py).
+        The first start forms the queries recorded for this application (one, MAIN, on its
+        first run). Computations added to a running application run in a new query, started
+        from their own positions (`start=`); a running query that produces a stream they read
+        is restarted from its checkpoint to write that stream to its topic as well.
         """
-        if self.settings.runtime == "fused":
-            self._start_fused(names)
+        prepared, self._prepared = self._prepared, []
+        runners = prepared if prepared and names is None else self._build(names)
+        if not runners:
             return
-        runners = {
-            name: ComputationRunner(
-                self.topology, self.topology.computations[name], self.settings, self.endpoints
-            )
-            for name in names or list(self.topology.computations)
-            if name not in self.runners
-        }
-        for name, runner in runners.items():
+        new = {s for r in runners for s in r.topic_inputs()}
+        for seg, running in list(self.runners.items()):
+            produced = {s for st in running.stages.values() for s in st.spec.outputs}
+            written = {s for st in running.stages.values() for s in st.elsewhere}
+            if (produced & new) - written:
+                self._restart(seg, running.order, running.extra_reads)
+        for runner in runners:
+            self.layout.save(Segment(runner.segment, tuple(runner.order), tuple(runner.reads())))
             runner.start(self.spark)
-            self.runners[name] = runner
-            log.info("started computation %s", name)
+            self.runners[runner.segment] = runner
+            log.info("started query %s: %s", runner.segment, " -> ".join(runner.order))
 
-    def _start_fused(self, names: list[str] | None) -> None:
-        from millstream.connectors.fused import FUSED, FusedRunner
-
-        wanted = names or list(self.topology.computations)
-        running = self.runners.get(FUSED)
-        if running is not None:
-            missing = sorted(set(wanted) - set(running.order))
-            if missing:
-                raise ConfigurationError(
-                    f"cannot add {missing} to the running fused query: restart the application "
-                    f"with them (adding computations at run time needs MILLSTREAM_RUNTIME=queries)"
-                )
-            return
-        runner = FusedRunner(self.topology, self.settings, self.endpoints, wanted)
+    def _restart(self, segment: str, names: list[str], reads: frozenset[str]) -> None:
+        """Rebuild a running query with the topology as it is now, from its checkpoint."""
+        old = self.runners[segment]
+        runner = FusedRunner(
+            self.topology, self.settings, self.endpoints, names, segment=segment,
+            reads=sorted(reads | set(old.reads())),
+        )  # fmt: skip
+        self._ensure_topics([runner])
+        with contextlib.suppress(Exception):
+            old.query.stop()
+        self.layout.save(Segment(segment, tuple(runner.order), tuple(runner.reads())))
         runner.start(self.spark)
-        self.runners[FUSED] = runner  # type: ignore[assignment]
-        log.info("started the fused query: %s", " -> ".join(runner.order))
+        self.runners[segment] = runner
+        log.info("restarted query %s: %s", segment, " -> ".join(runner.order))
+
+    def remove(self, name: str) -> None:
+        """Stop running a computation; the others keep running and keep their progress.
+
+        Its state, timers and checkpoints stay in Redis: started again (`start([name])`), it
+        goes on from them. A computation that another running one reads from cannot go first.
+        """
+        running = self.running()
+        if name not in running:
+            raise ConfigurationError(f"computation {name!r} is not running")
+        readers = sorted(
+            c
+            for s in self.topology.computations[name].outputs
+            for c in self.topology.consumers_of(s)
+            if c in running and c != name
+        )
+        if readers:
+            raise ConfigurationError(
+                f"cannot remove computation {name!r}: {readers} read its output; remove them first"
+            )
+        segment = running[name]
+        old = self.runners[segment]
+        rest = [n for n in old.order if n != name]
+        if not rest:
+            with contextlib.suppress(Exception):
+                old.query.stop()
+            del self.runners[segment]
+            self.layout.drop(segment)
+            log.info("stopped query %s (computation %s removed)", segment, name)
+            return
+        # The query keeps reading what the removed computation read: its checkpoint pins them.
+        self._restart(segment, rest, frozenset(old.reads()))
+        log.info("removed computation %s from query %s", name, segment)
 
     def check(self) -> None:
         """Restart a failed query from its checkpoint, or raise once restarts are used up.
@@ -182,11 +247,11 @@ class Application:
             recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW_S]
             if len(recent) >= self.settings.query_restarts:
                 raise RuntimeError(
-                    f"computation {name!r} failed {len(recent) + 1} times within "
-                    f"{RESTART_WINDOW_S:.0f}s: {error}"
+                    f"query {name!r} ({', '.join(runner.order)}) failed {len(recent) + 1} times "
+                    f"within {RESTART_WINDOW_S:.0f}s: {error}"
                 ) from None
             log.warning(
-                "computation %s failed (restart %d of %d): %s",
+                "query %s failed (restart %d of %d): %s",
                 name,
                 len(recent) + 1,
                 self.settings.query_restarts,

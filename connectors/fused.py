@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from confluent_kafka import KafkaException
 
 from millstream.connectors.backpressure import (
@@ -45,19 +46,15 @@ from millstream.connectors.backpressure import (
     targets_of,
 )
 from millstream.connectors.delivery import Target, deliver_all
-from millstream.connectors.driver import (
-    OOM_RETRY_SECONDS,
-    Endpoints,
-    InternalStreamSink,
-    UserSink,
-    _route,
-    redis_out_of_memory,
-)
 from millstream.connectors.plan import BatchPlan, TaskInput
+from millstream.connectors.routing import route
+from millstream.connectors.segments import MAIN
 from millstream.connectors.shard_task import ShardResult, run_shard
+from millstream.connectors.targets import TOPIC_TIMEOUT_S, Endpoints, InternalStreamSink, UserSink
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import ConfigurationError, FencedError, MillstreamError
 from millstream.fault_points import fault_point
+from millstream.kafka_admin import check_topics
 from millstream.records import Production
 from millstream.settings import Settings, mask_url
 from millstream.state.client import connect
@@ -80,7 +77,14 @@ COLUMNS = (
     "headers", "error",
 )  # fmt: skip
 DELIVERY_THREADS = 8
-FUSED = "(fused)"  # the fused runner's name among an Application's runners
+OOM_RETRY_SECONDS = 600  # how long a batch waits for Redis to accept writes again
+
+
+def redis_out_of_memory(exc: BaseException) -> bool:
+    """Redis refused a write at maxmemory: raised here, or in a Spark task (then only the
+    text of the worker's traceback reaches the driver)."""
+    text = str(exc)  # Redis says "OOM command not allowed when used memory > 'maxmemory'"
+    return isinstance(exc, redis.OutOfMemoryError) or "command not allowed when used memory" in text
 
 
 def topological_order(topology: Topology, names: Sequence[str]) -> list[str]:
@@ -99,8 +103,8 @@ def topological_order(topology: Topology, names: Sequence[str]) -> list[str]:
         if not ready:
             cycle = sorted(n for n in chosen if n not in order)
             raise ConfigurationError(
-                f"computations {cycle} form a cycle: the fused runtime runs each micro-batch "
-                f"in one pass from producers to consumers (MILLSTREAM_RUNTIME=queries runs them)"
+                f"computations {cycle} form a cycle: a fused query runs each micro-batch in one "
+                "pass from producers to consumers, so a cycle cannot run yet"
             )
         order.extend(ready)
     return order
@@ -108,13 +112,18 @@ def topological_order(topology: Topology, names: Sequence[str]) -> list[str]:
 
 @dataclass
 class Stage:
-    """One computation's wiring inside the fused query."""
+    """One computation's wiring inside a fused query."""
 
     spec: ComputationSpec
     shards: int
     config: ShardConfig
-    targets: dict[str, tuple[Target, ...]]  # stream -> targets outside the application
-    consumers: dict[str, list[str]]  # stream -> computations of this application reading it
+    targets: dict[str, tuple[Target, ...]]  # stream -> targets outside this query
+    consumers: dict[str, list[str]]  # stream -> computations of this query reading it
+    # Output streams that computations of another query read (from the stream's topic): their
+    # deliveries are recorded in flight, to hold those consumers' watermarks.
+    elsewhere: frozenset[str]
+    # Inputs produced by computations of another query: read from their topics.
+    topic_inputs: frozenset[str]
     metrics_key: str
     last_batch: dict[str, Any] = field(default_factory=dict)
 
@@ -178,7 +187,14 @@ def _handed_row(producer: str, shard: int, production: Production) -> tuple:
 
 
 class FusedRunner:
-    """The single streaming query of an application and its per-batch protocol."""
+    """One fused streaming query over some of an application's computations: the batch
+    protocol above.
+
+    An application starts with one (`MAIN`) running all its computations. A computation added
+    to a running application runs in a query of its own (`segment`, named after it), so the
+    others keep their progress: it reads its injected streams with its own positions, and the
+    streams it shares with the other queries through their Kafka topics.
+    """
 
     def __init__(
         self,
@@ -186,14 +202,19 @@ class FusedRunner:
         settings: Settings,
         endpoints: Endpoints,
         names: Sequence[str] | None = None,
+        segment: str = MAIN,
+        reads: Sequence[str] = (),
     ) -> None:
         self.topology = topology
         self.settings = settings
         self.endpoints = endpoints
+        self.segment = segment
+        self.extra_reads = frozenset(reads)  # read although no computation here reads them
         self.order = topological_order(topology, names or list(topology.computations))
         self.client = connect(endpoints.redis_url)
         self.authority = WatermarkAuthority(self.client, topology.app)
         self.stages = {name: self._stage(topology.computations[name]) for name in self.order}
+        self.partitions: dict[str, int] = {}  # topic input -> its topic's partition count
         self.query: Any = None
         self.last_batch: dict[str, Any] = {}
         self._pool = ThreadPoolExecutor(DELIVERY_THREADS, thread_name_prefix="millstream-deliver")
@@ -204,9 +225,13 @@ class FusedRunner:
 
         shards = spec.options.shards or self.settings.shards
         record_shard_count(self.client, self.topology.app, spec.name, shards)
+        here = set(self.order)
         consumers = {
-            s: [c for c in self.topology.consumers_of(s) if c in self.order] for s in spec.outputs
+            s: [c for c in self.topology.consumers_of(s) if c in here] for s in spec.outputs
         }
+        elsewhere = frozenset(
+            s for s in spec.outputs if any(c not in here for c in self.topology.consumers_of(s))
+        )
         return Stage(
             spec=spec,
             shards=shards,
@@ -216,18 +241,26 @@ class FusedRunner:
                 bloom_fp_rate=self.settings.bloom_fp_rate,
                 use_bloom=spec.options.use_bloom,
             ),
-            targets={s: self._targets(s, consumers[s]) for s in spec.outputs},
+            targets={s: self._targets(s, consumers[s], s in elsewhere) for s in spec.outputs},
             consumers={s: c for s, c in consumers.items() if c},
+            elsewhere=elsewhere,
+            topic_inputs=frozenset(
+                s
+                for s in spec.inputs
+                if s not in self.topology.sources
+                and any(p not in here for p in self.topology.producer_of(s))
+            ),
             metrics_key=app_key(self.topology.app, "metrics", spec.name),
         )
 
-    def _targets(self, stream: str, consumers: list[str]) -> tuple[Target, ...]:
-        """Where a stream goes outside the application: its sink; its topic when something
-        outside may read it (dead letters, a stream nothing here consumes, a published one)."""
+    def _targets(self, stream: str, consumers: list[str], elsewhere: bool) -> tuple[Target, ...]:
+        """Where a stream goes outside this query: its sink; its topic when something outside
+        may read it (dead letters, a computation of another query, a stream nothing consumes,
+        a published one). The topic comes first: in-flight records are tracked on target 0."""
         kafka = tuple(sorted(self.endpoints.kafka.items()))
         targets: list[Target] = []
         sink = self.topology.sinks.get(stream)
-        external_topic = stream == DEAD_LETTERS or stream in self.topology.published
+        external_topic = stream == DEAD_LETTERS or stream in self.topology.published or elsewhere
         if external_topic or (not consumers and sink is None):
             targets.append(Target(InternalStreamSink(self.topology.topic_of(stream), kafka), 0))
         if sink is not None:
@@ -235,7 +268,7 @@ class FusedRunner:
         return tuple(targets)
 
     def topics(self) -> list[str]:
-        """The Kafka topics this application writes (and so creates at start)."""
+        """The Kafka topics this query writes (and so creates at start)."""
         return sorted(
             {
                 target.factory.topic
@@ -246,51 +279,114 @@ class FusedRunner:
             }
         )
 
+    def topic_inputs(self) -> list[str]:
+        """Streams this query reads from topics other queries write."""
+        needed = {s for stage in self.stages.values() for s in stage.topic_inputs}
+        kept = {s for s in self.extra_reads if s not in self.topology.sources}
+        return sorted(needed | kept)
+
+    def injected_inputs(self) -> list[str]:
+        """Injected streams this query reads."""
+        needed = {s for n in self.order for s in self.topology.computations[n].inputs}
+        return sorted((needed | self.extra_reads) & set(self.topology.sources))
+
+    def reads(self) -> list[str]:
+        """Every stream this query reads: a Spark checkpoint pins them."""
+        return sorted({*self.injected_inputs(), *self.topic_inputs()})
+
+    def streams(self) -> set[str]:
+        """Every stream this query's computations read or write (to tell which queries share
+        a stream)."""
+        return {
+            s for stage in self.stages.values() for s in (*stage.spec.inputs, *stage.spec.outputs)
+        }
+
     def _instance(self, source_name: str) -> str:
-        return f"{source_name}@{self.topology.app}"
+        """An injector instance per query: each reads from its own positions."""
+        suffix = "" if self.segment == MAIN else f"/{self.segment}"
+        return f"{source_name}@{self.topology.app}{suffix}"
 
     def input_frame(self, spark: Any) -> Any:
-        """Every injected stream the running computations read, each source read once."""
-        streams = sorted(
-            {s for n in self.order for s in self.topology.computations[n].inputs}
-            & set(self.topology.sources)
-        )
-        if not streams:
+        """Every injected stream the query's computations read, each source read once, and
+        the topics of streams that other queries produce."""
+        streams = self.injected_inputs()
+        topic_inputs = self.topic_inputs()
+        if not streams and not topic_inputs:
             raise ConfigurationError(
-                "the fused runtime needs at least one injected stream (declare one with .source())"
+                f"computations {self.order} read no injected stream: declare one with .source()"
             )
         frames = []
-        kafka = dict(self.endpoints.kafka)
-        bootstrap = kafka.pop("bootstrap.servers")
         for stream in streams:
             for src in self.topology.sources[stream]:
                 reader = spark.readStream.format(src.format).options(**src.options)
                 if src.format == "millstream-kafka":
-                    reader = reader.option("bootstrap.servers", bootstrap).option(
-                        "maxFutureMs", str(self.settings.max_future_ms)
-                    )
-                    for key, value in kafka.items():
-                        reader = reader.option(f"kafka.{key}", value)
+                    reader = self._kafka_options(reader)
                 frames.append(
-                    reader.option("stream", stream)
+                    self._tick_options(reader.option("stream", stream))
                     .option("instance", self._instance(src.name))
                     .option("app", self.topology.app)
                     .option("redis.url", self.endpoints.redis_url)
-                    .option("tickMs", str(max(100, self.settings.trigger_ms)))
                     .option("idleSlackMs", str(self.settings.idle_slack_ms))
                     .option("outageGraceMs", str(self.settings.outage_grace_ms))
-                    .option("maxRecordsPerTrigger", str(self.settings.max_records_per_batch))
                     .load()
                 )
+        for stream in topic_inputs:
+            start = next(
+                (
+                    stage.spec.options.start
+                    for stage in self.stages.values()
+                    if stream in stage.topic_inputs
+                ),
+                "latest",
+            )
+            reader = self._kafka_options(spark.readStream.format("millstream-kafka"))
+            frames.append(
+                self._tick_options(reader.option("stream", stream))
+                .option("topics", self.topology.topic_of(stream))
+                .option("startingOffsets", start)
+                .option("idHeader", "ms-id")
+                .load()
+            )
         return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
+    def _kafka_options(self, reader: Any) -> Any:
+        kafka = dict(self.endpoints.kafka)
+        reader = reader.option("bootstrap.servers", kafka.pop("bootstrap.servers"))
+        reader = reader.option("maxFutureMs", str(self.settings.max_future_ms))
+        for key, value in kafka.items():
+            reader = reader.option(f"kafka.{key}", value)
+        return reader
+
+    def _tick_options(self, reader: Any) -> Any:
+        return reader.option("tickMs", str(max(100, self.settings.trigger_ms))).option(
+            "maxRecordsPerTrigger", str(self.settings.max_records_per_batch)
+        )
+
+    @property
+    def checkpoint(self) -> str:
+        suffix = "" if self.segment == MAIN else f"-{self.segment}"
+        return f"{self.settings.checkpoint_dir}/{self.topology.app}/fused{suffix}"
+
+    def read_partitions(self) -> None:
+        """Each topic input's partition count, from the broker's metadata: a topic created
+        beforehand may have more than the default, and records in flight in partitions the
+        watermark did not look at would not hold it. Read at start: a running query's topics
+        keep their partitions (adding some would move keys between them)."""
+        topics = {s: self.topology.topic_of(s) for s in self.topic_inputs()}
+        if topics:
+            counts = check_topics(self.endpoints.kafka, sorted(topics.values()), TOPIC_TIMEOUT_S)
+            self.partitions = {s: counts[t] for s, t in topics.items()}
+
     def start(self, spark: Any) -> Any:
-        checkpoint = f"{self.settings.checkpoint_dir}/{self.topology.app}/fused"
+        """Start the query. The topics it reads must exist (their partition counts are read
+        from the broker: in-flight records in every partition hold the consumers' watermarks)."""
+        self.read_partitions()
+        suffix = "" if self.segment == MAIN else f".{self.segment}"
         self.query = (
             self.input_frame(spark)
-            .writeStream.queryName(f"{self.topology.app}.fused")
+            .writeStream.queryName(f"{self.topology.app}.fused{suffix}")
             .foreachBatch(self.process_batch)
-            .option("checkpointLocation", checkpoint)
+            .option("checkpointLocation", self.checkpoint)
             .trigger(processingTime=f"{self.settings.trigger_ms} milliseconds")
             .start()
         )
@@ -299,7 +395,8 @@ class FusedRunner:
     # --- the per-batch protocol --------------------------------------------------------------
     def process_batch(self, batch_df: Any, batch_id: int) -> None:
         """Run one micro-batch; while Redis is at maxmemory, say so and run it again (a refused
-        commit writes nothing and a re-run is a replay, see ComputationRunner.process_batch)."""
+        commit writes nothing and a re-run is a replay: shards that did commit see their records as
+        replays). Any other failure fails the query (Application.check restarts it)."""
         deadline = time.monotonic() + OOM_RETRY_SECONDS
         delay = 1.0
         while True:
@@ -394,38 +491,30 @@ class FusedRunner:
             )
 
     def _run_batch(self, batch_df: Any, batch_id: int) -> None:
+        """DESIGN.md section 2 as one pass: read; per computation in topological order its
+        input watermark, route, run its busy shards (acquire, dedup, fire timers, run records,
+        commit: `shard_task.run_shard`), publish and hand over; then deliver and acknowledge."""
         self._hold_while_backlogged(batch_id)
         started = time.perf_counter()
-        spark = batch_df.sparkSession
-        rows = _rows(batch_df.toArrow())
-        read = time.perf_counter()
-        by_stream: dict[str, list[tuple]] = {}
-        for row in rows:
-            by_stream.setdefault(row[0], []).append(row)
+        by_stream, rows = self._read(batch_df)
+        phases: dict[str, float] = {"read": round(time.perf_counter() - started, 4)}
         now = now_ms()
         injected = self._injected_watermarks()
         published: dict[str, Watermark] = {}
         handed: dict[str, list[tuple]] = {}
         done: list[_Done] = []
-        phases: dict[str, float] = {"read": round(read - started, 4)}
         for name in self.order:
-            stage = self.stages[name]
             stage_started = time.perf_counter()
+            stage = self.stages[name]
             input_wm = self._input_watermark(stage, injected, published)
             plan = self._plan(stage, batch_id, input_wm, now)
             inputs = self._route(stage, by_stream, handed)
             busy = self._busy_shards(stage, inputs, input_wm.event, now)
-            results = self._run_shards(spark, plan, stage, inputs, busy)
+            results = self._run_shards(batch_df.sparkSession, plan, stage, inputs, busy)
+            self._record_consumed(stage, results)
             oldest = oldest_work(self.client, stage.keys(self.topology.app))
             published[name] = self.authority.publish(name, merge_min([input_wm, *oldest]))
-            for result in results:
-                if result.outstanding:
-                    done.append(_Done(stage, plan, result))
-                for production in result.outstanding:
-                    if production.stream in stage.consumers:
-                        handed.setdefault(production.stream, []).append(
-                            _handed_row(name, result.shard, production)
-                        )
+            done.extend(self._hand_over(stage, plan, results, handed))
             stage.last_batch = self._stage_metrics(
                 stage, batch_id, input_wm, published[name], oldest, results, busy
             )
@@ -435,7 +524,71 @@ class FusedRunner:
         delivery_started = time.perf_counter()
         delivery = self._deliver_and_acknowledge(done)
         phases["deliver_ack"] = round(time.perf_counter() - delivery_started, 4)
-        self._record(batch_id, delivery, time.perf_counter() - started, len(rows), phases)
+        self._record(batch_id, delivery, time.perf_counter() - started, rows, phases)
+
+    def _read(self, batch_df: Any) -> tuple[dict[str, list[tuple]], int]:
+        """The batch's rows, brought to the driver once as Arrow, grouped by stream."""
+        by_stream: dict[str, list[tuple]] = {}
+        rows = _rows(batch_df.toArrow())
+        for row in rows:
+            by_stream.setdefault(row[0], []).append(row)
+        return by_stream, len(rows)
+
+    def _hand_over(
+        self,
+        stage: Stage,
+        plan: BatchPlan,
+        results: list[ShardResult],
+        handed: dict[str, list[tuple]],
+    ) -> list[_Done]:
+        """Committed productions become consumers' input rows later in this batch; every
+        shard with checkpoints is settled (delivered outside, acknowledged) at the end."""
+        done = []
+        for result in results:
+            if result.outstanding:
+                done.append(_Done(stage, plan, result))
+            for production in result.outstanding:
+                if production.stream in stage.consumers:
+                    handed.setdefault(production.stream, []).append(
+                        _handed_row(stage.name, result.shard, production)
+                    )
+        return done
+
+    def _record_consumed(self, stage: Stage, results: list[ShardResult]) -> None:
+        """Topic inputs: the offsets read past, per partition, so the producers' in-flight
+        records below them stop holding this computation's watermark."""
+        consumed: dict[str, dict[int, int]] = {}
+        for result in results:
+            for stream, parts in result.consumed.items():
+                if stream not in stage.topic_inputs:
+                    continue
+                merged = consumed.setdefault(stream, {})
+                for partition, offset in parts.items():
+                    merged[partition] = max(merged.get(partition, 0), offset)
+        for stream, parts in consumed.items():
+            key = app_key(self.topology.app, "consumed", stage.name, stream)
+            known = self._consumed(stage.name, stream)
+            self.client.hset(key, mapping={p: max(o, known.get(p, 0)) for p, o in parts.items()})
+            self._retire_in_flight(stream)
+
+    def _consumed(self, computation: str, stream: str) -> dict[int, int]:
+        raw = self.client.hgetall(app_key(self.topology.app, "consumed", computation, stream))
+        return {int(k): int(v) for k, v in raw.items()}
+
+    def _retire_in_flight(self, stream: str) -> None:
+        """Drop in-flight entries every consumer of the stream read past (DESIGN.md 6): pure
+        garbage collection, since `in_flight` reads entries at or beyond a consumer's offsets
+        only. A partition some consumer has not read yet keeps all its entries."""
+        floor: dict[int, int] | None = None
+        for consumer in self.topology.consumers_of(stream):
+            offsets = self._consumed(consumer, stream)
+            floor = (
+                offsets
+                if floor is None
+                else {p: min(o, offsets[p]) for p, o in floor.items() if p in offsets}
+            )
+        if floor:
+            self.authority.retire_in_flight(stream, floor)
 
     def _injected_watermarks(self) -> dict[str, Watermark]:
         """Each injected stream's estimate (min over its sources), less its out-of-order bound."""
@@ -453,8 +606,10 @@ class FusedRunner:
     def _input_watermark(
         self, stage: Stage, injected: dict[str, Watermark], published: dict[str, Watermark]
     ) -> Watermark:
-        """min over input streams: injector estimates, or producers' watermarks as published
-        after their commits in this batch (their handed productions still count there)."""
+        """min over input streams: injector estimates; producers' watermarks as published
+        after their commits in this batch (their handed productions still count there); for a
+        stream another query produces, also its records delivered to the topic and not yet
+        read here (in flight)."""
         parts: list[Watermark] = []
         for stream in stage.spec.inputs:
             if stream in self.topology.sources:
@@ -463,9 +618,14 @@ class FusedRunner:
             for producer in self.topology.producer_of(stream):
                 value = published.get(producer) or self.authority.published(producer)
                 parts.append(value or NONE_KNOWN)
+            if stream in stage.topic_inputs:
+                consumed = self._consumed(stage.name, stream)
+                partitions = self.partitions[stream]
+                parts.append(self.authority.in_flight(stream, partitions, consumed))
         return self.authority.publish(f"{stage.name}#input", merge_min(parts))
 
     def _plan(self, stage: Stage, batch_id: int, input_wm: Watermark, now: int) -> BatchPlan:
+        """What every shard task of this computation's part of the batch needs."""
         output_wm = self.authority.published(stage.name) or NONE_KNOWN
         internal = frozenset(s for s in stage.spec.inputs if s not in self.topology.sources)
         return BatchPlan(
@@ -481,12 +641,12 @@ class FusedRunner:
             fail_stop=self.settings.on_user_error == "fail-stop",
             internal_inputs=internal,
             deliveries=stage.targets,
-            in_flight_streams=frozenset(),
+            in_flight_streams=stage.elsewhere,
             max_record_bytes=self.settings.max_record_bytes,
             max_future_ms=self.settings.max_future_ms,
             deliver_in_task=False,
             output_watermark=output_wm.event,
-            handover=True,
+            handed_streams=frozenset(stage.consumers),
         )
 
     def _route(
@@ -496,7 +656,7 @@ class FusedRunner:
         extractors = dict(stage.spec.inputs)
         rows = [row for s in extractors for row in (*by_stream.get(s, ()), *handed.get(s, ()))]
         inputs: dict[int, list[TaskInput]] = {}
-        routed = _route(extractors, stage.shards, iter(rows), stage.spec.formats)
+        routed = route(extractors, stage.shards, iter(rows), stage.spec.formats)
         for shard, item in routed:
             inputs.setdefault(shard, []).append(item)
         return inputs
@@ -635,8 +795,8 @@ class FusedRunner:
         rows: int,
         phases: dict[str, float],
     ) -> None:
-        """Per computation: counters summed into its metrics hash (as ComputationRunner does),
-        and the batch's figures as its last_batch; the batch's phases under "#fused"."""
+        """Per computation: counters summed into its metrics hash, and the batch's figures as
+        its last_batch; the batch's phases under the query's own key."""
         pipe = self.client.pipeline(transaction=False)
         for stage in self.stages.values():
             info = dict(stage.last_batch)
@@ -654,7 +814,9 @@ class FusedRunner:
             )
         self.last_batch = {"batch_id": batch_id, "rows": rows, "phases": phases}
         pipe.hset(
-            app_key(self.topology.app, "fused"),
+            app_key(
+                self.topology.app, "fused" if self.segment == MAIN else f"fused-{self.segment}"
+            ),
             mapping={"last_batch": json.dumps(self.last_batch), "updated_at": now_ms()},
         )
         pipe.execute()

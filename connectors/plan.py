@@ -31,15 +31,15 @@ class BatchPlan:
     max_record_bytes: int = 1 << 20
     max_future_ms: int = 86_400_000
     # False: shard tasks commit and hand their checkpointed productions back to the driver,
-    # which delivers and acknowledges them (see ComputationRunner._delivers_from_driver).
+    # which hands them over, delivers and acknowledges them (connectors/fused.py).
     deliver_in_task: bool = True
     # The computation's published low watermark when the batch was planned: a watermark hold
     # set behind it could not be honoured (see Context.set_timer).
     output_watermark: int = UNKNOWN
-    # The fused runtime hands productions to consumers inside the batch (connectors/fused.py):
-    # weak productions are then checkpointed like strong ones, since nothing delivers them
-    # before the commit.
-    handover: bool = False
+    # Streams whose productions are handed to consumers inside the batch (connectors/fused.py):
+    # a weak production on one is checkpointed like a strong one, since the hand-over comes
+    # after the commit; weak productions on other streams are delivered before it.
+    handed_streams: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 acquire -> dedup -> run user code per key (records, then due timers) -> one guarded commit
 -> deliver checkpointed productions -> acknowledge them in a second guarded commit. When the
 driver delivers (`BatchPlan.deliver_in_task` False) the task stops after the first commit and
-returns the checkpoints with its lease (`connectors/driver_delivery.py`).
+returns the checkpoints with its lease (`connectors/fused.py` hands them over, delivers and
+acknowledges them).
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class _KeyRunner:
         self.states = states
         self.serde = serde_named(spec.options.serde)
         self.counters: dict[str, int] = {}
-        weak = spec.options.productions == "weak" and not plan.handover
+        weak = spec.options.productions == "weak"
         self.weak: list[Production] | None = [] if weak else None
 
     def _id_factory(self, origin: Record | Timer) -> Any:
@@ -445,7 +446,7 @@ def _apply(txn: Any, runner: _KeyRunner, key: str, ctx: Context) -> None:
         else:
             txn.set_timer(key, tag, spec[1], spec[0], spec[2])
     for production in ctx.productions:
-        if runner.weak is not None:
+        if runner.weak is not None and production.stream not in runner.plan.handed_streams:
             runner.weak.append(production)  # delivered before the commit (weak productions)
         else:
             txn.checkpoint(production)

@@ -46,11 +46,6 @@ class ComputationOptions:
     serde: str = "json"
     start: Literal["earliest", "latest"] = "earliest"
     use_bloom: bool = True
-    # Where strong productions are delivered after the shard commits: "driver" (one long-lived
-    # process keeps each shard's producer, so a transactional sink initialises it once), "task"
-    # (the shard task delivers, overlapped with other tasks; output bandwidth scales with
-    # executors) or "auto": the driver when a target keeps a producer per shard, else the task.
-    delivery: Literal["auto", "driver", "task"] = "auto"
     # The timestamp contract (MillWheel 4.5, Beam's allowed skew): a production may be stamped
     # at most this many ms earlier than its cause. Output stamped earlier than the cause can be
     # late downstream; raise it only where consumers tolerate that.
@@ -75,10 +70,6 @@ class ComputationOptions:
         if not isinstance(skew, int) or isinstance(skew, bool) or skew < 0:
             raise ConfigurationError(
                 f"computation {name!r}: allowed_timestamp_skew_ms must be an int >= 0, got {skew!r}"
-            )
-        if self.delivery not in ("auto", "driver", "task"):
-            raise ConfigurationError(
-                f"computation {name!r}: delivery must be 'auto', 'driver' or 'task'"
             )
 
 

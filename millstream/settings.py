@@ -68,15 +68,9 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ),
     ("MILLSTREAM_ON_USER_ERROR", "dead-letter", "dead-letter or fail-stop."),
     (
-        "MILLSTREAM_RUNTIME",
-        "queries",
-        "queries: one streaming query per computation; fused: one per application, productions "
-        "handed to consumers inside each micro-batch (see Architecture).",
-    ),
-    (
         "MILLSTREAM_SMALL_BATCH_ROWS",
         "2000",
-        "Fused runtime: a computation's batch with at most this many input rows runs its shards "
+        "A computation's part of a batch with at most this many input rows runs its shards "
         "in the driver instead of a Spark job (about 0.2 s less per stage); 0: always Spark.",
     ),
     (
@@ -251,7 +245,6 @@ class Settings:
     max_future_ms: int = 86_400_000
     on_user_error: str = "dead-letter"
     query_restarts: int = 3
-    runtime: str = "queries"
     small_batch_rows: int = 2000
     embedded: str = "auto"
     state_dir: str = ".millstream"
@@ -269,6 +262,11 @@ class Settings:
             for k in env
             if k.startswith("MILLSTREAM_") and k not in _KNOWN and not k.startswith(_PREFIXES)
         )
+        if "MILLSTREAM_RUNTIME" in unknown:
+            raise ConfigurationError(
+                "MILLSTREAM_RUNTIME is gone: every application runs as fused queries (the "
+                "per-computation queries were removed); unset it."
+            )
         if unknown:
             raise ConfigurationError(
                 f"unknown variable {unknown[0]}: see the README's configuration table for valid names."
@@ -370,13 +368,6 @@ class Settings:
                 "2000",
                 _bounded_int(0, 10_000_000),
                 "an integer 0-10000000",
-            ),
-            runtime=_parse(
-                env,
-                "MILLSTREAM_RUNTIME",
-                "queries",
-                _choice("queries", "fused"),
-                "queries or fused",
             ),
             embedded=_parse(
                 env,

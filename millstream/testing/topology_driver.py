@@ -2,7 +2,7 @@
 
 For unit tests of computations: no Spark, Redis or Kafka. Records are sent one at a time; the
 injected streams' low watermark and the wall clock move only when the test says so. What runs
-is the runtime's own code wherever it can be: key extraction (`connectors.driver._route`), the
+is the runtime's own code wherever it can be: key extraction (`connectors.routing.route`), the
 bad-input bounds, user-code retries and the real `Context` (`connectors.shard_task`), effects
 applied as a shard commit applies them (`_apply`), dead letters built by `dead_letter`, timer
 order by `state.timers.firing_order`. Only storage (dicts instead of Redis), transport (a queue
@@ -22,9 +22,9 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from millstream.connectors.driver import _route
 from millstream.connectors.formats import encode_with
 from millstream.connectors.plan import BatchPlan
+from millstream.connectors.routing import route as _route
 from millstream.connectors.serde import encode_value, serde_named
 from millstream.connectors.shard_task import (
     _apply,

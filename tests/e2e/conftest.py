@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from millstream.connectors.app import Application
-from millstream.connectors.driver import Endpoints
+from millstream.connectors.targets import Endpoints
 from millstream.connectors.topology import Topology
 from millstream.settings import Settings
 

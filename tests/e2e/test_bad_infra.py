@@ -25,7 +25,7 @@ from confluent_kafka import Producer
 
 from millstream import Computation, Context, Record, Topology, kafka_source
 from millstream.connectors.app import Application
-from millstream.connectors.driver import Endpoints
+from millstream.connectors.targets import Endpoints
 from millstream.embedded import KafkaService, start_redis
 from millstream.settings import Settings
 from millstream.state.keys import ShardKeys
@@ -130,7 +130,7 @@ def test_redis_at_maxmemory_is_reported_and_retried_then_counted_exactly_once(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="millstream.connectors.driver")
+    caplog.set_level(logging.ERROR, logger="millstream.connectors.fused")
     service = start_redis(tmp_path / "oom-redis", extra_args=["--maxmemory-policy", "noeviction"])
     client = redis_py.Redis.from_url(service.url)
     app: Application | None = None

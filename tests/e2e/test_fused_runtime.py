@@ -1,7 +1,7 @@
 """The fused runtime's own crash window: after the consumers committed, before any ack.
 
 `tests/e2e/holds_target.py` (windower -> collector) runs as `millstream run` with
-MILLSTREAM_RUNTIME=fused: one streaming query; the windower's window counts are handed to the
+One streaming query; the windower's window counts are handed to the
 collector inside each micro-batch, never through Kafka. A test-only fault point SIGKILLs every
 process of the pipeline in a batch that handed productions over, right after the collector
 committed them and before the windower's checkpoints were acknowledged. Restarted, the windower
@@ -54,7 +54,6 @@ def test_sigkill_after_consumers_commit_before_acknowledgement(
         tmp_path,
         HOLDS_TARGET_TOPIC=topic,
         HOLDS_TARGET_HOLD="1",
-        MILLSTREAM_RUNTIME="fused",
     )
     crashing = {
         **base,

@@ -101,7 +101,7 @@ def test_a_computation_added_to_a_running_application_leaves_the_others_running(
     wait_until(
         lambda: _metric(redis_client, redis_namespace, "first", "records") >= 200, 120, "first", app
     )
-    first_query = app.runners["first"].query
+    first_query = app.runners["main"].query
 
     topology.computation("second", Tally(), inputs=["input"], start="earliest")
     app.start(["second"])
@@ -115,6 +115,6 @@ def test_a_computation_added_to_a_running_application_leaves_the_others_running(
     wait_until(
         lambda: _metric(redis_client, redis_namespace, "first", "records") >= 300, 60, "first", app
     )
-    assert app.runners["first"].query is first_query and first_query.isActive
+    assert app.runners["main"].query is first_query and first_query.isActive
     assert _states(redis_client, redis_namespace, "second", 2) == dict(truth + more)
     assert _states(redis_client, redis_namespace, "first", 2) == dict(truth + more)

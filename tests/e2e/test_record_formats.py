@@ -1,4 +1,4 @@
-"""Records as users meet them, on real Spark, Redis and Kafka, with both runtimes.
+"""Records as users meet them, on real Spark, Redis and Kafka.
 
 An Avro-encoded source with Kafka headers -> `enrich` (reads record.data and record.headers,
 produces JSON with headers) -> `collect` (keyed by a field of the JSON, sees the producer's
@@ -72,9 +72,7 @@ class Collect(Computation):
         ctx.set_state(seen)
 
 
-@pytest.mark.parametrize("runtime", ["queries", "fused"])
 def test_avro_source_with_headers_through_two_stages(
-    runtime: str,
     start_app: Any,
     kafka_bootstrap: str,
     kafka_topic_factory: Any,
@@ -96,7 +94,7 @@ def test_avro_source_with_headers_through_two_stages(
     topology.computation(
         "collect", Collect(), inputs={"views": json_format().field("page")}, shards=2
     )
-    app = start_app(topology, runtime=runtime)
+    app = start_app(topology)
 
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     truth: dict[str, list[dict[str, Any]]] = {}

@@ -62,9 +62,7 @@ class Reporter(Computation):
         ctx.set_state({"n": state["n"] + 1, "max": max(state["max"], total)})
 
 
-@pytest.mark.parametrize("runtime", ["queries", "fused"])
 def test_three_stages_duplicates_out_of_order_exactly_once(
-    runtime: str,
     start_app: Any,
     kafka_bootstrap: str,
     kafka_topic_factory: Any,
@@ -102,7 +100,7 @@ def test_three_stages_duplicates_out_of_order_exactly_once(
     topology.sink(
         "totals", KafkaTransactionalSink({"bootstrap.servers": kafka_bootstrap}, sink_topic)
     )
-    app = start_app(topology, runtime=runtime)
+    app = start_app(topology)
 
     # Ground truth, computed independently of millstream.
     events = [(f"e{i}", f"k{rng.randrange(KEYS)}") for i in range(EVENTS)]

@@ -119,7 +119,7 @@ def _driver(args: dict[str, Any]) -> None:
     from pyspark.sql import SparkSession
 
     from millstream.connectors.app import Application
-    from millstream.connectors.driver import Endpoints
+    from millstream.connectors.targets import Endpoints
     from millstream.injectors import register
     from millstream.settings import Settings
     from millstream.state.client import connect

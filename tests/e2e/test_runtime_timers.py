@@ -69,9 +69,7 @@ def _send(producer: Producer, topic: str, key: str, tag: str, kind: str, timesta
     )
 
 
-@pytest.mark.parametrize("runtime", ["queries", "fused"])
 def test_event_timers_wait_for_the_watermark_and_wall_timers_fire_without_data(
-    runtime: str,
     start_app: Any,
     kafka_bootstrap: str,
     kafka_topic_factory: Any,
@@ -91,7 +89,7 @@ def test_event_timers_wait_for_the_watermark_and_wall_timers_fire_without_data(
         outputs=["fired"],
         shards=SHARDS,
     )
-    app = start_app(topology, runtime=runtime)
+    app = start_app(topology)
     authority = WatermarkAuthority(redis_client, app_name)
 
     def input_watermark() -> int:

@@ -80,9 +80,7 @@ def _progress(sample: Sample) -> tuple[int, int, int]:
     return sample.records, sample.batches, sample.offsets
 
 
-@pytest.mark.parametrize("runtime", ["queries", "fused"])
 def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
-    runtime: str,
     durable_kafka: Any,
     redis_url: str,
     redis_client: Any,
@@ -110,11 +108,10 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
         SINK_TARGET_BOOTSTRAP=target,
         SINK_TARGET_MODE="transactional",
         SINK_TARGET_TIMEOUT_S="3",
-        MILLSTREAM_RUNTIME=runtime,
         MILLSTREAM_MAX_PENDING_PRODUCTIONS=str(LIMIT),
         MILLSTREAM_MAX_RECORDS_PER_BATCH=str(BATCH),
     )
-    query = "relay" if runtime == "queries" else "fused"  # the query's checkpoint folder
+    query = "fused"  # the query's checkpoint folder
     offsets_dir = tmp_path / "checkpoints" / app / query / "offsets"
     authority = WatermarkAuthority(redis_client, app)
     feeder = Feeder(kafka_bootstrap, source, seed=3)

@@ -1,6 +1,5 @@
 """The thinnest real path: a Kafka record through one computation, one guarded Redis commit and
-one production into Kafka; with duplicated input, applied exactly once. Delivered by the
-driver (the default) and by the shard tasks (`delivery="task"`)."""
+one production into Kafka; with duplicated input, applied exactly once."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import random
 from collections import Counter
 from typing import Any
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from millstream import Computation, Context, Record, Topology, kafka_source
@@ -43,12 +41,7 @@ def _read_all(bootstrap: str, topic: str, partitions: int, expected: int) -> lis
     return out
 
 
-@pytest.mark.parametrize(
-    ("delivery", "runtime"), [("driver", "queries"), ("task", "queries"), ("auto", "fused")]
-)
 def test_kafka_to_kafka_exactly_once_with_duplicates(
-    delivery: str,
-    runtime: str,
     start_app: Any,
     kafka_bootstrap: str,
     kafka_topic_factory: Any,
@@ -71,10 +64,8 @@ def test_kafka_to_kafka_exactly_once_with_duplicates(
     topology = Topology(redis_namespace)
     # Generous disorder bound: on a busy machine records can become visible late.
     topology.source("clicks", kafka_source(topic, id_header="click-id"), max_out_of_order_ms=10_000)
-    topology.computation(
-        "counter", ClickCounter(), inputs=["clicks"], outputs=["counts"], delivery=delivery
-    )
-    app = start_app(topology, runtime=runtime)
+    topology.computation("counter", ClickCounter(), inputs=["clicks"], outputs=["counts"])
+    app = start_app(topology)
     metrics = app_key(redis_namespace, "metrics", "counter")
 
     def done() -> bool:

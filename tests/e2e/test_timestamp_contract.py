@@ -133,9 +133,7 @@ def test_hold_keeps_stage_two_on_time_through_a_sigkill(
     assert windower.get("dead_letters", 0) == collector.get("dead_letters", 0) == 0
 
 
-@pytest.mark.parametrize("runtime", ["queries", "fused"])
 def test_without_the_hold_the_contract_dead_letters_each_window(
-    runtime: str,
     start_app: Any,
     redis_client: Any,
     redis_namespace: str,
@@ -145,9 +143,7 @@ def test_without_the_hold_the_contract_dead_letters_each_window(
     app_name = redis_namespace
     topic = kafka_topic_factory(partitions=2)
     rng = random.Random(1506)
-    app = start_app(
-        build(app_name, topic, hold=False), shards=SHARDS, user_retries=0, runtime=runtime
-    )
+    app = start_app(build(app_name, topic, hold=False), shards=SHARDS, user_retries=0)
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
     events = _send(producer, topic, rng, 0, 60)
     time.sleep(1.0)

@@ -9,7 +9,8 @@ import pytest
 
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
 from millstream.connectors.app import Application
-from millstream.connectors.driver import ComputationRunner, Endpoints
+from millstream.connectors.fused import FusedRunner
+from millstream.connectors.targets import Endpoints
 from millstream.errors import ConfigurationError
 from millstream.settings import Settings
 from millstream.state.client import connect
@@ -61,13 +62,16 @@ def test_in_flight_records_in_partition_6_of_8_hold_the_consumer(
     settings = Settings(redis_url=redis_url, kafka_bootstrap_servers=kafka_bootstrap, app=app)
     ends = Endpoints(redis_url=redis_url, kafka={"bootstrap.servers": kafka_bootstrap})
     Application(topology, settings, ends, spark=None).prepare()  # leaves the topic as it is
-    runner = ComputationRunner(topology, topology.computations["down"], settings, ends)
-    assert runner.input_partitions == {"mid": 8}
+    # `down` added later runs in a query of its own, reading `mid` from its topic.
+    runner = FusedRunner(topology, settings, ends, ["down"], segment="down")
+    runner.read_partitions()
+    assert runner.partitions == {"mid": 8}
+    stage = runner.stages["down"]
 
     authority = WatermarkAuthority(connect(redis_url), app)
     authority.publish("up", Watermark(10_000, 10_000))
     authority.add_in_flight("mid", [(6, 41, Watermark(500, 510))], token="batch-1")
-    assert runner.input_watermark() == Watermark(500, 510)
+    assert runner._input_watermark(stage, {}, {}) == Watermark(500, 510)
     # Once the consumer has read past offset 41 of partition 6, only the producer holds it.
     connect(redis_url).hset(app_key(app, "consumed", "down", "mid"), mapping={6: 42})
-    assert runner.input_watermark() == Watermark(10_000, 10_000)
+    assert runner._input_watermark(stage, {}, {}) == Watermark(10_000, 10_000)

@@ -11,7 +11,7 @@ import json
 import pytest
 import redis
 
-from millstream.connectors.driver import redis_out_of_memory
+from millstream.connectors.fused import redis_out_of_memory
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.shard_task import DEAD_LETTER_VALUE_BYTES, _rejected, dead_letter
 from millstream.connectors.topology import ComputationOptions, ComputationSpec

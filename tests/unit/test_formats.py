@@ -22,8 +22,8 @@ from millstream import (
     kafka_source,
 )
 from millstream.connectors.computation import Context as ContextClass
-from millstream.connectors.driver import _route
 from millstream.connectors.formats import FieldExtractor, decode_with, encode_with
+from millstream.connectors.routing import route as _route
 from millstream.connectors.serde import JsonSerde
 from millstream.connectors.shard_task import decode_inputs, to_record
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from millstream.connectors.app import endpoints
-from millstream.connectors.driver import ComputationRunner, Endpoints, InternalStreamSink
+from millstream.connectors.fused import FusedRunner
+from millstream.connectors.targets import Endpoints, InternalStreamSink
 from millstream.connectors.topics import ensure_topics
 from millstream.demo.worker import topology_from
 from millstream.errors import ConfigurationError
@@ -101,7 +102,7 @@ def test_injector_options_reach_the_executor_consumers(ends: Endpoints) -> None:
     """Driver -> `millstream-kafka` options -> parsed on the executor -> librdkafka config."""
     runner = SimpleNamespace(endpoints=ends, settings=Settings.from_env(ENV))
     reader = RecordingReader()
-    ComputationRunner._kafka_options(runner, reader, has_topic=False)  # type: ignore[arg-type]
+    FusedRunner._kafka_options(runner, reader)  # type: ignore[arg-type]
     assert reader.options["bootstrap.servers"] == BOOTSTRAP
     assert {k: reader.options.get(f"kafka.{k}") for k in SECURITY} == SECURITY
 
@@ -119,11 +120,15 @@ def test_options_from_settings_carry_the_extras(settings: Settings) -> None:
 
 
 def test_internal_stream_and_dead_letter_producers_carry_the_extras(ends: Endpoints) -> None:
-    """The sink factory is pickled to the executors and builds the producer there."""
+    """The sink factory is pickled to where delivery runs and builds the producer there
+    (window counts as read by a computation of another query, so written to their topic)."""
     topology = topology_from(DEMO_CONFIG)
     spec = topology.computations["window_counter"]
-    runner = SimpleNamespace(endpoints=ends, spec=spec, topology=topology)
-    deliveries = ComputationRunner._deliveries(runner)  # type: ignore[arg-type]
+    runner = SimpleNamespace(endpoints=ends, topology=topology)
+    deliveries = {
+        s: FusedRunner._targets(runner, s, [], True)  # type: ignore[arg-type]
+        for s in spec.outputs
+    }
     factories = [t.factory for targets in deliveries.values() for t in targets]
     internal = [f for f in factories if isinstance(f, InternalStreamSink)]
     assert {f.topic for f in internal} == {

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from millstream import Computation, Context, Record, Topology, kafka_source
-from millstream.connectors.driver import ComputationRunner, Endpoints, UserSink
+from millstream.connectors.fused import FusedRunner
+from millstream.connectors.targets import Endpoints, UserSink
 from millstream.errors import ConfigurationError
 from millstream.records import Production
 from millstream.sinks.base import ShardRef, Sink, bind_sink
@@ -101,22 +102,19 @@ class Echo(Computation):
 
 
 def test_the_runtime_binds_user_sinks_to_the_endpoints_kafka() -> None:
-    """`ComputationRunner` wiring: the target shipped to executors carries the bound sink."""
+    """`FusedRunner` wiring: the target the driver delivers to carries the bound sink."""
     declared = KafkaTransactionalSink(topic="out-topic")
     topology = Topology("app")
     topology.source("in", kafka_source("in"))
     topology.computation("echo", Echo(), inputs=["in"], outputs=["out"])
     topology.sink("out", declared)
     runner = SimpleNamespace(
-        endpoints=Endpoints("redis://127.0.0.1:9/0", dict(APP_KAFKA)),
-        spec=topology.computations["echo"],
-        topology=topology,
+        endpoints=Endpoints("redis://127.0.0.1:9/0", dict(APP_KAFKA)), topology=topology
     )
-    runner.deliveries = ComputationRunner._deliveries(runner)  # type: ignore[arg-type]
-    (factory,) = [t.factory for t in runner.deliveries["out"] if isinstance(t.factory, UserSink)]
+    targets = FusedRunner._targets(runner, "out", [], False)  # type: ignore[arg-type]
+    (factory,) = [t.factory for t in targets]
+    assert isinstance(factory, UserSink)
     sink = pickle.loads(pickle.dumps(factory))()
     assert isinstance(sink, KafkaTransactionalSink)
     assert sink._kafka.connection == APP_KAFKA
     assert not declared._kafka.bound  # the topology's own object is left as declared
-    # Bound or not, a transactional sink is still delivered from the driver (delivery="auto").
-    assert ComputationRunner._delivers_from_driver(runner) is True  # type: ignore[arg-type]
