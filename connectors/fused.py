@@ -48,13 +48,13 @@ from millstream.connectors.backpressure import (
 from millstream.connectors.delivery import Target, deliver_all
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.routing import route
-from millstream.connectors.segments import MAIN
+from millstream.connectors.segments import MAIN, SegmentLayout
 from millstream.connectors.shard_task import ShardResult, run_shard
 from millstream.connectors.targets import TOPIC_TIMEOUT_S, Endpoints, InternalStreamSink, UserSink
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import ConfigurationError, FencedError, MillstreamError
 from millstream.fault_points import fault_point
-from millstream.kafka_admin import check_topics
+from millstream.kafka_admin import check_topics, end_offsets
 from millstream.records import Production
 from millstream.settings import Settings, mask_url
 from millstream.state.client import connect
@@ -377,10 +377,44 @@ class FusedRunner:
             counts = check_topics(self.endpoints.kafka, sorted(topics.values()), TOPIC_TIMEOUT_S)
             self.partitions = {s: counts[t] for s, t in topics.items()}
 
+    def _mark_catch_up(self) -> None:
+        """A computation starting from the earliest record of a topic another query writes
+        reads records delivered before anything tracked them in flight: until it has read up
+        to the topic's end as of now, nothing bounds their times, so its input watermark from
+        that stream stays unknown (no timer fires on it, no record of that history is late)."""
+        for stage in self.stages.values():
+            for stream in stage.topic_inputs:
+                if stage.spec.options.start != "earliest":
+                    continue
+                if self._consumed(stage.name, stream):
+                    continue  # it has read from the topic before: in-flight tracking holds it
+                key = app_key(self.topology.app, "catchup", stage.name, stream)
+                if self.client.exists(key):
+                    continue
+                ends = end_offsets(
+                    self.endpoints.kafka,
+                    self.topology.topic_of(stream),
+                    self.partitions[stream],
+                    TOPIC_TIMEOUT_S,
+                )
+                if any(ends.values()):
+                    self.client.hset(key, mapping={p: o for p, o in ends.items() if o})
+
+    def _caught_up(self, stage: Stage, stream: str, consumed: dict[int, int]) -> bool:
+        key = app_key(self.topology.app, "catchup", stage.name, stream)
+        raw = self.client.hgetall(key)
+        if not raw:
+            return True
+        if all(consumed.get(int(p), 0) >= int(o) for p, o in raw.items()):
+            self.client.delete(key)
+            return True
+        return False
+
     def start(self, spark: Any) -> Any:
         """Start the query. The topics it reads must exist (their partition counts are read
         from the broker: in-flight records in every partition hold the consumers' watermarks)."""
         self.read_partitions()
+        self._mark_catch_up()
         suffix = "" if self.segment == MAIN else f".{self.segment}"
         self.query = (
             self.input_frame(spark)
@@ -579,8 +613,19 @@ class FusedRunner:
         """Drop in-flight entries every consumer of the stream read past (DESIGN.md 6): pure
         garbage collection, since `in_flight` reads entries at or beyond a consumer's offsets
         only. A partition some consumer has not read yet keeps all its entries."""
+        layout = SegmentLayout(self.client, self.topology.app).load()
+        producers = set(self.topology.producer_of(stream))
+        # Consumers in a producer's own query take the stream by hand-over, not from its topic.
+        inside = {
+            c
+            for seg in layout.values()
+            if producers & set(seg.computations)
+            for c in seg.computations
+        }
         floor: dict[int, int] | None = None
         for consumer in self.topology.consumers_of(stream):
+            if consumer in inside and consumer not in self.order:
+                continue
             offsets = self._consumed(consumer, stream)
             floor = (
                 offsets
@@ -622,6 +667,8 @@ class FusedRunner:
                 consumed = self._consumed(stage.name, stream)
                 partitions = self.partitions[stream]
                 parts.append(self.authority.in_flight(stream, partitions, consumed))
+                if not self._caught_up(stage, stream, consumed):
+                    parts.append(NONE_KNOWN)
         return self.authority.publish(f"{stage.name}#input", merge_min(parts))
 
     def _plan(self, stage: Stage, batch_id: int, input_wm: Watermark, now: int) -> BatchPlan:

@@ -151,3 +151,21 @@ def check_topics(
             raise classify(meta.error, f"topic {topic!r}")
         counts[topic] = len(meta.partitions)
     return counts
+
+
+def end_offsets(
+    config: Mapping[str, Any], topic: str, partitions: int, timeout: float
+) -> dict[int, int]:
+    """Each partition's high watermark (the offset the next record will get)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {**config, "group.id": "millstream-end-offsets", "enable.auto.commit": False}
+    )
+    try:
+        return {
+            p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1])
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
