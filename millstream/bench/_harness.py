@@ -28,8 +28,7 @@ from millstream.bench._workload import PARTITIONS
 from millstream.state.keys import app_key
 
 QUIX_VERSION = "3.28.1"
-RUNTIMES = ("queries", "fused")
-PROGRESS_FILE = "progress.jsonl"  # a pipeline worker's Spark trigger reports, in its state dir  # MILLSTREAM_RUNTIME of a millstream pipeline process
+PROGRESS_FILE = "progress.jsonl"  # a pipeline worker's Spark trigger reports, in its state dir
 
 
 @dataclass
@@ -70,17 +69,15 @@ class Bench:
         *,
         master: str = "local[2]",
         max_batch: int = 200_000,
-        runtime: str = "queries",
         idle_slack_ms: int | None = None,
     ) -> dict[str, str]:
         """Environment of a millstream (or plain Spark) pipeline process.
 
         Every MILLSTREAM_* variable of this process is dropped (but MILLSTREAM_KAFKA_*): what a
-        pipeline runs with is only what is set here. `runtime` is MILLSTREAM_RUNTIME (queries or
-        fused); `idle_slack_ms`, when given, MILLSTREAM_IDLE_SLACK_MS (else the default).
+        pipeline runs with is only what is set here. `idle_slack_ms`, when given, is
+        MILLSTREAM_IDLE_SLACK_MS (else the default). There is one runtime (fused queries), so
+        nothing chooses it.
         """
-        if runtime not in RUNTIMES:
-            raise ValueError(f"runtime must be one of {RUNTIMES}, not {runtime!r}")
         env = {
             k: v
             for k, v in os.environ.items()
@@ -102,7 +99,6 @@ class Bench:
                 # timeout now and then; the query restarts from its checkpoint (counted in
                 # each result as `query_restarts`) instead of ending the run.
                 "MILLSTREAM_QUERY_RESTARTS": "20",
-                "MILLSTREAM_RUNTIME": runtime,
                 "PYSPARK_PYTHON": sys.executable,
                 "PYSPARK_DRIVER_PYTHON": sys.executable,
                 "SPARK_LOCAL_IP": "127.0.0.1",
@@ -268,11 +264,10 @@ def metric(client: Any, app: str, computation: str, name: str) -> int:
 class BatchProfile(threading.Thread):
     """Where a pipeline's batches spend their time, from what the runtime leaves in Redis.
 
-    Polls each computation's `last_batch` (both runtimes: `seconds`; per-computation queries
-    also their `phases`: plan, spark_jobs, driver_delivery, ...) and, for the fused runtime, the
-    application's `fused` hash (the batch's `rows` and `phases`: read, one per computation,
-    deliver_ack) four times a second, keeping each batch once (by batch id). A batch shorter
-    than the poll interval may be missed; the summary says how many were seen.
+    Polls each computation's `last_batch` (`seconds`) and the application's `fused` hash (the
+    fused query's batch: its `rows` and `phases`: read, one per computation, deliver_ack) four
+    times a second, keeping each batch once (by batch id). A batch shorter than the poll
+    interval may be missed; the summary says how many were seen.
     """
 
     def __init__(

@@ -57,8 +57,7 @@ def parts_config(
 def build(config: dict[str, Any]) -> Topology:
     """`config["parts"]`: computations reading the input stream, each with its output topic.
 
-    A part is `{"name", "what": "window" | "passthrough", "exactly_once", "output_topic"}` and
-    optionally `"delivery": "auto" | "driver" | "task"` (also a key of the three-stage config);
+    A part is `{"name", "what": "window" | "passthrough", "exactly_once", "output_topic"}`;
     `config["kind"] == "three_stage"` builds the watermark pipeline instead.
     """
     from millstream.sinks.kafka_transactional import KafkaTransactionalSink
@@ -79,14 +78,7 @@ def build(config: dict[str, Any]) -> Topology:
             ("spike_detector", SpikeDetector(), ["model_updates"], "anomalies"),
         ]
         for name, stage, inputs, output in stages:
-            topology.computation(
-                name,
-                stage,
-                inputs=inputs,
-                outputs=[output],
-                shards=shards,
-                delivery=str(config.get("delivery", "auto")),
-            )
+            topology.computation(name, stage, inputs=inputs, outputs=[output], shards=shards)
         topology.sink("anomalies", KafkaTransactionalSink(kafka, str(config["output_topic"])))
         return topology
     for part in config["parts"]:
@@ -105,7 +97,6 @@ def build(config: dict[str, Any]) -> Topology:
             outputs=[stream],
             shards=shards,
             exactly_once=bool(part["exactly_once"]),
-            delivery=str(part.get("delivery", "auto")),
         )
         topology.sink(stream, KafkaTransactionalSink(kafka, str(part["output_topic"])))
     return topology

@@ -1,11 +1,10 @@
 """A benchmark pipeline process: `python -m millstream.bench._worker CONFIG.json`.
 
 Runs in its own process group (driver, JVM, Python workers) so the benchmark can sample the
-whole tree's memory and stop all of it. Like `millstream.run`, but the computations' queries
-start one after the other, each once the previous one has committed its first batch: on a
-loaded 2-core machine, several queries spawning their Python planner workers at the same
-moment can miss Spark's fixed connect-back timeout. With MILLSTREAM_RUNTIME=fused (set by the
-bench in the environment) the application is one query, started at once.
+whole tree's memory and stop all of it. Like `millstream.run`, but several topologies can run
+one after the other in one Spark session, and each is started and then waited for until every
+computation has committed its first batch. An application is one fused query (its
+computations started together by one `app.start()`).
 """
 
 from __future__ import annotations
@@ -66,19 +65,17 @@ def _progress_listener(path: Path) -> Any:
 
 
 def _start_staggered(app: Application, client: Any, stop: threading.Event) -> None:
-    """Per-computation queries one at a time; the fused runtime's one query for all of them
-    (it cannot take computations added later)."""
-    names = list(app.topology.computations)
-    groups = [names] if app.settings.runtime == "fused" else [[name] for name in names]
-    for group in groups:
-        app.start(group)
-        keys = [app_key(app.topology.app, "metrics", name) for name in group]
-        deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
-        while not stop.is_set() and time.monotonic() < deadline:
-            app.check()
-            if all(int(client.hget(key, "batches") or 0) > 0 for key in keys):
-                break
-            stop.wait(0.2)
+    """Start the application's computations (one `app.start()`: the fused query over all of
+    them) and wait, restarting a failed query, until each has committed a first batch or
+    FIRST_BATCH_TIMEOUT_S has passed; the next topology of the series starts only then."""
+    app.start()
+    keys = [app_key(app.topology.app, "metrics", name) for name in app.topology.computations]
+    deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
+    while not stop.is_set() and time.monotonic() < deadline:
+        app.check()
+        if all(int(client.hget(key, "batches") or 0) > 0 for key in keys):
+            break
+        stop.wait(0.2)
 
 
 def _counted(app: Application, client: Any, events: int) -> bool:

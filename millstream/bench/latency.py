@@ -11,11 +11,10 @@
 - Window latency: window end -> its count visible to a `read_committed` consumer, for the
   millstream WindowCounter (alone in its own pipeline process) and for Quix Streams
   (`quix_app.py`, exactly-once, commit interval = millstream's 200 ms trigger).
-- Both millstream runtimes: the two millstream pipeline processes run with
-  MILLSTREAM_RUNTIME=queries (one query per computation), then again with
-  MILLSTREAM_RUNTIME=fused (one query per application), before the floor and Quix.
-  MILLSTREAM_IDLE_SLACK_MS is the default (`IDLE_SLACK_MS`), stated in the result: a
-  caught-up partition's watermark is now minus it, a floor under millstream's window latency.
+- The two millstream pipeline processes (each application one fused query) run first, then
+  the floor, then Quix. MILLSTREAM_IDLE_SLACK_MS is the default (`IDLE_SLACK_MS`), stated in
+  the result: a caught-up partition's watermark is now minus it, a floor under millstream's
+  window latency.
 
 The first `WARMUP_MS` of every rate phase is left out, and so is each phase's last full
 window (it closes only when the next phase's data arrives, for Quix).
@@ -162,22 +161,20 @@ def _drain(process: Process, what: str, condition: Any) -> bool:
 
 
 def _pipeline(
-    bench: Bench, parts: list[tuple[str, str, bool]], watch: dict[str, Any], runtime: str
+    bench: Bench, parts: list[tuple[str, str, bool]], watch: dict[str, Any]
 ) -> dict[str, Any]:
     """One millstream pipeline process: `parts` (name, what, exactly_once) on one input topic,
     each part's output watched by `watch[name]`; warm-up, the rate phases, drain."""
     config = parts_config(bench, "bl", parts)
     app, topic = config["app"], config["input_topic"]
     outs = {p["name"]: p["output_topic"] for p in config["parts"]}
-    folder = bench.run_dir(f"{NAME}-millstream-{runtime}")
+    folder = bench.run_dir(f"{NAME}-millstream")
     names = [name for name, _, _ in parts]
     passthrough = [name for name, what, _ in parts if what == "passthrough"]
     client = bench.redis()
     profile = BatchProfile(client, app, names)
-    say(f"{NAME}: millstream pipeline ({', '.join(names)}), MILLSTREAM_RUNTIME={runtime}")
-    with millstream_pipeline(
-        bench, config, folder, runtime=runtime, idle_slack_ms=IDLE_SLACK_MS
-    ) as process:
+    say(f"{NAME}: millstream pipeline ({', '.join(names)})")
+    with millstream_pipeline(bench, config, folder, idle_slack_ms=IDLE_SLACK_MS) as process:
         watchers = {n: MarkerAwareWatcher(bench.bootstrap, outs[n], watch[n]) for n in names}
         for watcher in watchers.values():
             watcher.start()
@@ -218,7 +215,6 @@ def _pipeline(
         restarts = process.restarts
     return {
         "app": app,
-        "runtime": runtime,
         "log": str(process.log_path),
         "profile": profile.summary(),
         "spark": spark_progress(folder / PROGRESS_FILE, f"{app}.", phases[0].start_ms),
@@ -237,22 +233,20 @@ def _pipeline(
     }
 
 
-def run_millstream(bench: Bench, runtime: str = "queries") -> dict[str, Any]:
+def run_millstream(bench: Bench) -> dict[str, Any]:
     """Pass-through with exactly-once on and off side by side in one process; the window
-    counter alone in another (as Quix runs alone); both with MILLSTREAM_RUNTIME=`runtime`."""
+    counter alone in another (as Quix runs alone)."""
     collectors = {PARTS[0]: RecordLatency(), PARTS[1]: RecordLatency()}
     records = _pipeline(
         bench,
         [(PARTS[0], "passthrough", True), (PARTS[1], "passthrough", False)],
         dict(collectors),
-        runtime,
     )
     windows = WindowLatency()
-    window = _pipeline(bench, [(PARTS[2], "window", True)], {PARTS[2]: windows}, runtime)
+    window = _pipeline(bench, [(PARTS[2], "window", True)], {PARTS[2]: windows})
     phases = [Phase(**p) for p in records["phases"]]
     window_phases = [Phase(**p) for p in window["phases"]]
     return {
-        "runtime": runtime,
         "idle_slack_ms": IDLE_SLACK_MS,
         "phases": records["phases"],
         "window_phases": window["phases"],
@@ -369,69 +363,54 @@ def plot(path: Path, curves: dict[str, list[float]]) -> None:
 
 
 def run(bench: Bench) -> dict[str, Any]:
-    mill = run_millstream(bench, "queries")
-    fused = run_millstream(bench, "fused")
+    mill = run_millstream(bench)
     floor = run_floor(bench)
     quix = run_quix(bench)
     rows = []
     for rate_key in [f"{r:.0f}" for r in bench.rates]:
         for label, stats in (
             ("record, millstream exactly-once", mill["record_eo"][rate_key]),
-            ("record, millstream fused exactly-once", fused["record_eo"][rate_key]),
             ("record, millstream exactly_once=False", mill["record_no_eo"][rate_key]),
-            ("record, millstream fused exactly_once=False", fused["record_no_eo"][rate_key]),
             ("record, Spark foreachBatch floor", floor["record"][rate_key]),
             ("window end, millstream", mill["window"][rate_key]),
-            ("window end, millstream fused", fused["window"][rate_key]),
             ("window end, Quix Streams", quix["window"][rate_key]),
         ):
             rows.append([rate_key, label, stats["n"], stats["p50"], stats["p95"], stats["p99"]])
     table = print_table(
         "latency (seconds) at fixed input rates; visible = read_committed consumer; "
-        f"millstream = MILLSTREAM_RUNTIME=queries, fused = MILLSTREAM_RUNTIME=fused; "
         f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}",
         ["ev/s", "what", "n", "p50", "p95", "p99"],
         rows,
     )
+    seen = mill["committed_reader_count"]
     memory = (
-        f"peak RSS: pass-through pipeline (2 computations) queries {mill['peak_rss_mb']} MB, "
-        f"fused {fused['peak_rss_mb']} MB; window counter queries "
-        f"{mill['window_peak_rss_mb']} MB, fused {fused['window_peak_rss_mb']} MB; "
-        f"Spark floor {floor['peak_rss_mb']} MB, Quix {quix['peak_rss_mb']} MB; "
-        f"query restarts: queries {mill['query_restarts']}, fused {fused['query_restarts']}, "
+        f"peak RSS: pass-through pipeline (2 computations) {mill['peak_rss_mb']} MB, "
+        f"window counter {mill['window_peak_rss_mb']} MB, Spark floor {floor['peak_rss_mb']} MB, "
+        f"Quix {quix['peak_rss_mb']} MB; query restarts: millstream {mill['query_restarts']}, "
         f"floor {floor['query_restarts']}"
+        f"\nsent {mill['sent']} records; the marker-aware read_committed reader sees "
+        f"{seen[PARTS[0]]} (exactly-once) and {seen[PARTS[1]]} (exactly_once=False) outputs"
+        + ("" if mill["drained"] else "; the pipeline had not caught up")
     )
-    for label, found in (("queries", mill), ("fused", fused)):
-        seen = found["committed_reader_count"]
-        memory += (
-            f"\n{label}: sent {found['sent']} records; the marker-aware read_committed reader "
-            f"sees {seen[PARTS[0]]} (exactly-once) and {seen[PARTS[1]]} (exactly_once=False) "
-            "outputs" + ("" if found["drained"] else "; the pipeline had not caught up")
-        )
-        for what in ("records_pipeline", "window_pipeline"):
-            memory += f"\n{label} {what.split('_')[0]}: " + trigger_line(found[what]["spark"])
+    for what in ("records_pipeline", "window_pipeline"):
+        memory += f"\n{what.split('_')[0]}: " + trigger_line(mill[what]["spark"])
     print(f"  {memory}\n", flush=True)
     table += "\n" + memory
     curves: dict[str, list[float]] = {}
     for rate in bench.rates:
-        for runtime, found in (("", mill), (" fused", fused)):
-            inside = Phase(**next(p for p in found["phases"] if p["rate"] == rate))
-            for name, samples in (
-                (f"millstream{runtime} EO", found["raw_record"][PARTS[0]]),
-                (f"millstream{runtime} no EO", found["raw_record"][PARTS[1]]),
-            ):
-                curves[f"record, {name}, {rate:.0f}/s"] = [
-                    lat / 1000 for sent, lat in samples if inside.holds_send(sent)
-                ]
+        inside = Phase(**next(p for p in mill["phases"] if p["rate"] == rate))
+        for name, samples in (
+            ("millstream EO", mill["raw_record"][PARTS[0]]),
+            ("millstream no EO", mill["raw_record"][PARTS[1]]),
+        ):
+            curves[f"record, {name}, {rate:.0f}/s"] = [
+                lat / 1000 for sent, lat in samples if inside.holds_send(sent)
+            ]
         floor_phase = Phase(**next(p for p in floor["phases"] if p["rate"] == rate))
         curves[f"record, Spark floor, {rate:.0f}/s"] = [
             lat / 1000 for sent, lat in floor["raw"] if floor_phase.holds_send(sent)
         ]
-        for name, found, key in (
-            ("millstream", mill, "window_phases"),
-            ("millstream fused", fused, "window_phases"),
-            ("Quix", quix, "phases"),
-        ):
+        for name, found, key in (("millstream", mill, "window_phases"), ("Quix", quix, "phases")):
             window_phase = Phase(**next(p for p in found[key] if p["rate"] == rate))
             curves[f"window end, {name}, {rate:.0f}/s"] = [
                 lat / 1000 for w, lat in found["raw_window"] if window_phase.holds_window(w)
@@ -441,8 +420,6 @@ def run(bench: Bench) -> dict[str, Any]:
     for holder, raw in (
         (mill, "raw_record"),
         (mill, "raw_window"),
-        (fused, "raw_record"),
-        (fused, "raw_window"),
         (floor, "raw"),
         (quix, "raw_window"),
     ):
@@ -453,7 +430,6 @@ def run(bench: Bench) -> dict[str, Any]:
         "seconds_per_rate": bench.rate_seconds,
         "idle_slack_ms": IDLE_SLACK_MS,
         "millstream": mill,
-        "millstream_fused": fused,
         "spark_floor": floor,
         "quix": quix,
         "table": table,

@@ -1,12 +1,18 @@
-"""Issue #16's targets for the fused runtime, judged on one `millstream bench` run's figures.
+"""Issue #16's targets, judged on one `millstream bench` run's figures.
 
 `compute(results)` takes the scenario results of the run (`Bench.results`: what each scenario
 returned, the same as its JSON file) and gives one entry per target:
-`{"name", "measured", "goal", "met", "detail", ...}` for the fused runtime, with the
-per-computation queries runtime's value of the same run beside it (`queries`, `queries_met`)
-for reference. A target whose scenario was not run (or failed) in that run has `measured` and
-`met` null: it is never filled in from another run. Where a target is missed, the entry says by
-how much and carries the fused runtime's batch profile of that scenario (`profile`).
+`{"name", "measured", "goal", "met", "detail", ...}`. `measured` and `met` come from this run
+only; a target whose scenario was not run (or failed) in that run has them null: it is never
+filled in from another run. Where a target is missed, the entry says by how much and carries
+the batch profile of that scenario's pipeline (`profile`).
+
+There is one runtime (fused queries), so nothing of the same run stands beside the figures for
+comparison: each entry carries the per-computation queries runtime's value of the same target
+as it was recorded before that runtime was removed (`baseline`, `baseline_met`, and
+`baseline_source` saying where it comes from: `BASELINE_SOURCE`, the `queries` rows of
+benchmarks/results/fused-ab). Ratios to a peer (the Spark floor, Quix Streams) are each taken
+within their own run; seconds and megabytes across two runs also differ by the machine's load.
 
 Targets (2-core machine, embedded Redis and broker, exactly-once and strong productions on):
 - watermarks, three stages at 1,000 events/s with MILLSTREAM_IDLE_SLACK_MS=500: the median lag
@@ -15,7 +21,8 @@ Targets (2-core machine, embedded Redis and broker, exactly-once and strong prod
 - window end -> count visible p50 <= the floor's p50 + the idle slack the latency run used
   (also reported: the ratio to Quix Streams' p50);
 - throughput (exactly-once window count) >= 1.0x Quix Streams exactly-once (2x is the aim);
-- peak RSS lower than the queries runtime's in the same scenarios.
+- peak RSS lower than "today's" in the issue (`ISSUE_PEAK_RSS_MB`, measured on main before
+  the work); the recorded queries runtime's figures per pipeline stand beside it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,32 @@ PER_STAGE_S = 0.3
 RECORD_FLOOR_RATIO = 1.2
 THROUGHPUT_RATIO = 1.0
 THROUGHPUT_AIM = 2.0
+ISSUE_PEAK_RSS_MB = 2687.0  # issue #16's "today's" peak RSS (main, before the work)
+
+# The per-computation queries runtime's figures, recorded before it was removed: the `queries`
+# rows of `millstream bench --scenarios watermarks,latency,throughput --output
+# benchmarks/results/fused-ab` (the *.json files there; tests/unit/test_bench_targets.py checks
+# these against them).
+BASELINE_SOURCE = (
+    "the per-computation queries runtime in benchmarks/results/fused-ab (run of 2026-11-25 "
+    "10:04 UTC at commit 0bcc6aa, load average 1.1 at start and 2.7 at end), recorded before "
+    "that runtime was removed"
+)
+BASELINE: dict[str, Any] = {
+    "watermark_medians_s": (31.154, 34.344, 34.344),  # watermarks.json, 1,000 ev/s, 500 ms
+    "record_p50_s": 8.589,  # latency.json millstream record_eo["1000"]
+    "floor_p50_s": 1.399,  # latency.json spark_floor record["1000"], same run
+    "window_p50_s": 10.018,  # latency.json millstream window["1000"]
+    "quix_window_p50_s": 0.269,  # latency.json quix window["1000"], same run
+    "events_per_s": 5044.0,  # throughput.json millstream-eo (median of 3)
+    "quix_events_per_s": 11943.1,  # throughput.json quix (median of 3), same run
+    "peak_rss_mb": {  # per pipeline process tree
+        "watermarks, 3 stages": 2908.3,
+        "latency, 2 pass-throughs": 2823.2,
+        "latency, window counter": 2107.7,
+        "throughput, window counter": 2708.9,  # 3 variants x 3 repeats in one JVM
+    },
+}
 
 _COMPARE: dict[str, Callable[[float, float], bool]] = {
     "<=": lambda measured, goal: measured <= goal,
@@ -51,18 +84,22 @@ def _entry(
     comparison: str,
     goal: float | None,
     measured: float | None,
-    queries: float | None,
+    baseline: float | None,
     detail: str,
     **extra: Any,
 ) -> dict[str, Any]:
-    """One target. `met` is null when either side is unknown; a miss says by how much."""
+    """One target. `met` is null when either side is unknown; a miss says by how much.
+    `baseline` is the recorded queries runtime's value; `baseline_met`, whether it met the
+    goal."""
     compare = _COMPARE[comparison]
     met = None if measured is None or goal is None else compare(measured, goal)
-    queries_met = None if queries is None or goal is None else compare(queries, goal)
+    baseline_met = None if baseline is None or goal is None else compare(baseline, goal)
     if met is False and measured is not None and goal is not None:
         miss = abs(measured - goal)
         share = f" (measured = {measured / goal:.2f}x the goal)" if goal else ""
         detail += f" Missed by {miss:.3g} {unit}{share}."
+    if baseline is not None:
+        detail += f" Baseline {_round(baseline)} {unit}: {BASELINE_SOURCE}."
     return {
         "name": name,
         "measured": _round(measured),
@@ -70,8 +107,9 @@ def _entry(
         "met": met,
         "unit": unit,
         "comparison": comparison,
-        "queries": _round(queries),
-        "queries_met": queries_met,
+        "baseline": _round(baseline),
+        "baseline_met": baseline_met,
+        "baseline_source": BASELINE_SOURCE,
         "detail": detail,
         **extra,
     }
@@ -85,8 +123,9 @@ def _absent(name: str, unit: str, comparison: str, goal: float | None, why: str)
         "met": None,
         "unit": unit,
         "comparison": comparison,
-        "queries": None,
-        "queries_met": None,
+        "baseline": None,
+        "baseline_met": None,
+        "baseline_source": BASELINE_SOURCE,
         "detail": f"not measured in this run: {why}",
     }
 
@@ -97,10 +136,10 @@ def _why_absent(scenario: str, failed: Collection[str]) -> str:
     return f"the {scenario} scenario was not run (--scenarios)"
 
 
-def _fused_profile(run: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Where a fused pipeline's time went, as a miss's profile: the fused query's own batch
-    figures (rows, seconds, phases: read, each computation, deliver_ack) and Spark's trigger
-    report (gap between triggers, latestOffset, addBatch = the runtime's batch, walCommit...)."""
+def _profile(run: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Where a pipeline's time went, as a miss's profile: the fused query's own batch figures
+    (rows, seconds, phases: read, each computation, deliver_ack) and Spark's trigger report
+    (gap between triggers, latestOffset, addBatch = the runtime's batch, walCommit...)."""
     if not run:
         return None
     batches = (run.get("profile") or {}).get("#fused")
@@ -119,6 +158,14 @@ WATERMARK_NAMES = (
 )
 
 
+def _steps(values: list[float | None] | tuple[float | None, ...]) -> list[float | None]:
+    """Stage 1's median, then what each further stage adds to the one before."""
+    out: list[float | None] = [values[0]]
+    for before, after in itertools.pairwise(values):
+        out.append(None if before is None or after is None else after - before)
+    return out
+
+
 def watermark_targets(
     result: Mapping[str, Any] | None, failed: Collection[str] = ()
 ) -> list[dict[str, Any]]:
@@ -126,44 +173,33 @@ def watermark_targets(
     if result is None:
         why = _why_absent("watermarks", failed)
         return [_absent(n, "s", "<=", g, why) for n, g in zip(WATERMARK_NAMES, goals, strict=True)]
-    runs = result.get("runtimes", {})
+    run = result.get("millstream")
     rate = float(result.get("rate", 0))
     slack = result.get("idle_slack_ms")
-    if rate != RATE or slack != IDLE_SLACK_MS or "fused" not in runs:
+    if rate != RATE or slack != IDLE_SLACK_MS or not run:
         why = (
-            f"the watermarks scenario ran at {rate:.0f} events/s with idle slack {slack} ms "
-            f"and runtimes {sorted(runs)}; the target is at {RATE:.0f} events/s, "
-            f"{IDLE_SLACK_MS} ms, fused"
+            f"the watermarks scenario ran at {rate:.0f} events/s with idle slack {slack} ms"
+            + ("" if run else " and has no millstream run")
+            + f"; the target is at {RATE:.0f} events/s, {IDLE_SLACK_MS} ms"
         )
         return [_absent(n, "s", "<=", g, why) for n, g in zip(WATERMARK_NAMES, goals, strict=True)]
-
-    def medians(runtime: str) -> list[float | None]:
-        stages = runs.get(runtime, {}).get("stages", {})
-        return [stages.get(s, {}).get("median_s") for s in STAGES]
-
-    def steps(values: list[float | None]) -> list[float | None]:
-        out: list[float | None] = [values[0]]
-        for before, after in itertools.pairwise(values):
-            out.append(None if before is None or after is None else after - before)
-        return out
-
-    fused_medians, queries_medians = medians("fused"), medians("queries")
-    fused, queries = steps(fused_medians), steps(queries_medians)
-    fused_run = runs["fused"]
+    stages = run.get("stages", {})
+    medians = [stages.get(s, {}).get("median_s") for s in STAGES]
+    measured = _steps(medians)
+    baseline = _steps(BASELINE["watermark_medians_s"])
     context = (
-        f"3-stage pipeline at {rate:.0f} events/s, MILLSTREAM_IDLE_SLACK_MS={slack}, delivery "
-        f"{result.get('delivery', 'auto')}; medians after the first seconds of traffic, sampled "
-        f"once per second. Fused stage medians {_fmt(fused_medians)} s, queries "
-        f"{_fmt(queries_medians)} s; fused peak RSS {fused_run.get('peak_rss_mb')} MB, "
-        f"query restarts {fused_run.get('query_restarts')}."
+        f"3-stage pipeline at {rate:.0f} events/s, MILLSTREAM_IDLE_SLACK_MS={slack}; medians "
+        f"after the first seconds of traffic, sampled once per second. Stage medians "
+        f"{_fmt(medians)} s (baseline {_fmt(list(BASELINE['watermark_medians_s']))} s); peak "
+        f"RSS {run.get('peak_rss_mb')} MB, query restarts {run.get('query_restarts')}."
     )
     out = []
     for index, (name, goal) in enumerate(zip(WATERMARK_NAMES, goals, strict=True)):
-        entry = _entry(name, "s", "<=", goal, fused[index], queries[index], context)
+        entry = _entry(name, "s", "<=", goal, measured[index], baseline[index], context)
         if entry["met"] is False:
-            entry["profile"] = _fused_profile(fused_run)
-        if fused[index] is None:
-            entry["detail"] = "no lag samples for this stage in the fused run. " + context
+            entry["profile"] = _profile(run)
+        if measured[index] is None:
+            entry["detail"] = "no lag samples for this stage in this run. " + entry["detail"]
         out.append(entry)
     return out
 
@@ -194,12 +230,11 @@ def latency_targets(
             _absent(RECORD_NAME, "x", "<=", RECORD_FLOOR_RATIO, why),
             _absent(WINDOW_NAME, "s", "<=", None, why),
         ]
-    fused = result.get("millstream_fused")
-    queries = result.get("millstream")
+    mill = result.get("millstream")
     floor = result.get("spark_floor")
     quix = result.get("quix")
-    if fused is None or floor is None:
-        why = "the latency scenario's result has no fused runtime or no Spark floor"
+    if mill is None or floor is None:
+        why = "the latency scenario's result has no millstream pipeline or no Spark floor"
         return [
             _absent(RECORD_NAME, "x", "<=", RECORD_FLOOR_RATIO, why),
             _absent(WINDOW_NAME, "s", "<=", None, why),
@@ -211,64 +246,57 @@ def latency_targets(
             _absent(RECORD_NAME, "x", "<=", RECORD_FLOOR_RATIO, why),
             _absent(WINDOW_NAME, "s", "<=", None, why),
         ]
-
-    def caught_up(found: Mapping[str, Any] | None) -> str:
-        if found is None or found.get("drained", True):
-            return ""
-        return (
-            f" The {found.get('runtime', 'queries')} pipeline had not caught up when the run "
-            "ended: its percentiles cover only what became visible."
-        )
-
-    fused_record = _stat(fused, "record_eo")
-    queries_record = _stat(queries, "record_eo")
-
-    def ratio(value: float | None) -> float | None:
-        return None if value is None or not floor_p50 else value / floor_p50
-
+    caught_up = (
+        ""
+        if mill.get("drained", True)
+        else " The millstream pipeline had not caught up when the run ended: its percentiles "
+        "cover only what became visible."
+    )
+    mill_record = _stat(mill, "record_eo")
+    measured = None if mill_record is None or not floor_p50 else mill_record / floor_p50
     record = _entry(
         RECORD_NAME,
         "x",
         "<=",
         RECORD_FLOOR_RATIO,
-        ratio(fused_record),
-        ratio(queries_record),
+        measured,
+        BASELINE["record_p50_s"] / BASELINE["floor_p50_s"],
         f"exactly-once pass-through into the transactional sink, produce -> visible to "
-        f"read_committed at {RATE_KEY} events/s: fused p50 {_s(fused_record)}, p95 "
-        f"{_s(_stat(fused, 'record_eo', 'p95'))}, p99 {_s(_stat(fused, 'record_eo', 'p99'))}; "
-        f"queries p50 {_s(queries_record)}; Spark foreachBatch floor p50 {_s(floor_p50)}."
-        + caught_up(fused),
-        fused_p50_s=fused_record,
-        queries_p50_s=queries_record,
+        f"read_committed at {RATE_KEY} events/s: p50 {_s(mill_record)}, p95 "
+        f"{_s(_stat(mill, 'record_eo', 'p95'))}, p99 {_s(_stat(mill, 'record_eo', 'p99'))}; "
+        f"Spark foreachBatch floor p50 {_s(floor_p50)} (baseline: p50 "
+        f"{_s(BASELINE['record_p50_s'])}, floor {_s(BASELINE['floor_p50_s'])} in its run)."
+        + caught_up,
+        p50_s=mill_record,
         floor_p50_s=floor_p50,
+        baseline_p50_s=BASELINE["record_p50_s"],
     )
     if record["met"] is False:
-        record["profile"] = _fused_profile(fused.get("records_pipeline"))
+        record["profile"] = _profile(mill.get("records_pipeline"))
 
     slack_ms = result.get("idle_slack_ms")
     goal = None if slack_ms is None else floor_p50 + float(slack_ms) / 1000
-    fused_window = _stat(fused, "window")
-    queries_window = _stat(queries, "window")
+    mill_window = _stat(mill, "window")
     quix_window = _stat(quix, "window")
-
-    def to_quix(value: float | None) -> float | None:
-        return None if value is None or not quix_window else round(value / quix_window, 3)
-
+    to_quix = (
+        None if mill_window is None or not quix_window else round(mill_window / quix_window, 3)
+    )
+    baseline_to_quix = round(BASELINE["window_p50_s"] / BASELINE["quix_window_p50_s"], 3)
     window = _entry(
         WINDOW_NAME,
         "s",
         "<=",
         goal,
-        fused_window,
-        queries_window,
+        mill_window,
+        BASELINE["window_p50_s"],
         f"1-second windows counted exactly-once at {RATE_KEY} events/s, window end -> count "
-        f"visible to read_committed: fused p50 {_s(fused_window)}, p99 "
-        f"{_s(_stat(fused, 'window', 'p99'))}; queries p50 {_s(queries_window)}; goal = Spark "
-        f"floor p50 {_s(floor_p50)} + MILLSTREAM_IDLE_SLACK_MS {slack_ms} ms of the latency "
-        f"run; Quix Streams p50 {_s(quix_window)}, fused/Quix {to_quix(fused_window)}."
-        + caught_up(fused),
-        ratio_to_quix=to_quix(fused_window),
-        queries_ratio_to_quix=to_quix(queries_window),
+        f"visible to read_committed: p50 {_s(mill_window)}, p99 "
+        f"{_s(_stat(mill, 'window', 'p99'))}; goal = Spark floor p50 {_s(floor_p50)} + "
+        f"MILLSTREAM_IDLE_SLACK_MS {slack_ms} ms of the latency run; Quix Streams p50 "
+        f"{_s(quix_window)}, millstream/Quix {to_quix} (baseline/Quix {baseline_to_quix} in "
+        f"its run)." + caught_up,
+        ratio_to_quix=to_quix,
+        baseline_ratio_to_quix=baseline_to_quix,
         quix_p50_s=quix_window,
         floor_p50_s=floor_p50,
         idle_slack_ms=slack_ms,
@@ -276,7 +304,7 @@ def latency_targets(
     if goal is None:
         window["detail"] = "the latency result does not state its idle slack. " + window["detail"]
     if window["met"] is False:
-        window["profile"] = _fused_profile(fused.get("window_pipeline"))
+        window["profile"] = _profile(mill.get("window_pipeline"))
     return [record, window]
 
 
@@ -297,126 +325,113 @@ def throughput_targets(
             _absent(THROUGHPUT_NAME, "x", ">=", THROUGHPUT_RATIO, _why_absent("throughput", failed))
         ]
     by = {r.get("system"): r for r in result.get("runs", [])}
-    fused, queries, quix = by.get("millstream-eo-fused"), by.get("millstream-eo"), by.get("quix")
-    if fused is None or quix is None:
+    mill, quix = by.get("millstream-eo"), by.get("quix")
+    if mill is None or quix is None:
         return [
             _absent(
                 THROUGHPUT_NAME,
                 "x",
                 ">=",
                 THROUGHPUT_RATIO,
-                "the throughput result has no millstream-eo-fused or no quix row",
+                "the throughput result has no millstream-eo or no quix row",
             )
         ]
 
-    def rate(row: Mapping[str, Any] | None) -> float | None:
-        value = None if row is None else row.get("events_per_s")
+    def rate(row: Mapping[str, Any]) -> float | None:
+        value = row.get("events_per_s")
         return None if value is None else float(value)
 
-    theirs = rate(quix)
-
-    def ratio(row: Mapping[str, Any] | None) -> float | None:
-        ours = rate(row)
-        return None if ours is None or not theirs else ours / theirs
-
-    measured = ratio(fused)
+    ours, theirs = rate(mill), rate(quix)
+    measured = None if ours is None or not theirs else ours / theirs
     entry = _entry(
         THROUGHPUT_NAME,
         "x",
         ">=",
         THROUGHPUT_RATIO,
         measured,
-        ratio(queries),
+        BASELINE["events_per_s"] / BASELINE["quix_events_per_s"],
         f"{result.get('events')} pre-loaded events counted in 1 s windows, exactly-once, median "
-        f"of {len(fused.get('repeats_events_per_s', []))} runs each: fused "
-        f"{rate(fused)} events/s (repeats {fused.get('repeats_events_per_s')}), queries "
-        f"{rate(queries)}, Quix Streams {theirs} (repeats {quix.get('repeats_events_per_s')}); "
-        f"the aim is {THROUGHPUT_AIM}x"
+        f"of {len(mill.get('repeats_events_per_s', []))} runs each: millstream {ours} events/s "
+        f"(repeats {mill.get('repeats_events_per_s')}), Quix Streams {theirs} (repeats "
+        f"{quix.get('repeats_events_per_s')}); the aim is {THROUGHPUT_AIM}x"
         + (
             f" ({'reached' if measured >= THROUGHPUT_AIM else 'not reached'})."
             if measured is not None
             else "."
-        ),
+        )
+        + f" (Baseline: {BASELINE['events_per_s']} events/s against Quix "
+        f"{BASELINE['quix_events_per_s']} in its run.)",
         aim=THROUGHPUT_AIM,
-        fused_events_per_s=rate(fused),
-        queries_events_per_s=rate(queries),
+        events_per_s=ours,
         quix_events_per_s=theirs,
+        baseline_events_per_s=BASELINE["events_per_s"],
     )
     if entry["met"] is False:
-        entry["profile"] = _fused_profile(fused)  # the median fused run's
+        entry["profile"] = _profile(mill)  # the median run's
     return [entry]
 
 
 # ------------------------------------------------------------------------------ memory
 
-RSS_NAME = "peak RSS, largest fused pipeline process tree vs the queries runtime's"
+RSS_NAME = "peak RSS, largest millstream pipeline process tree"
 
 
-def rss_pairs(results: Mapping[str, Any]) -> dict[str, tuple[float | None, float | None]]:
-    """(fused, queries) peak RSS in MB of each pipeline this run measured with both runtimes."""
-    pairs: dict[str, tuple[float | None, float | None]] = {}
-    watermarks = results.get("watermarks")
-    if watermarks and "runtimes" in watermarks:
-        runs = watermarks["runtimes"]
-        pairs["watermarks, 3 stages"] = (
-            runs.get("fused", {}).get("peak_rss_mb"),
-            runs.get("queries", {}).get("peak_rss_mb"),
-        )
-    latency = results.get("latency")
-    if latency and latency.get("millstream_fused"):
-        fused, queries = latency["millstream_fused"], latency.get("millstream", {})
-        pairs["latency, 2 pass-throughs"] = (fused.get("peak_rss_mb"), queries.get("peak_rss_mb"))
-        pairs["latency, window counter"] = (
-            fused.get("window_peak_rss_mb"),
-            queries.get("window_peak_rss_mb"),
-        )
+def rss_by_pipeline(results: Mapping[str, Any]) -> dict[str, float]:
+    """Peak RSS in MB of each millstream pipeline process this run measured (the pipelines of
+    `BASELINE["peak_rss_mb"]`)."""
+    found: dict[str, Any] = {}
+    watermarks = (results.get("watermarks") or {}).get("millstream")
+    if watermarks:
+        found["watermarks, 3 stages"] = watermarks.get("peak_rss_mb")
+    latency = (results.get("latency") or {}).get("millstream")
+    if latency:
+        found["latency, 2 pass-throughs"] = latency.get("peak_rss_mb")
+        found["latency, window counter"] = latency.get("window_peak_rss_mb")
     throughput = results.get("throughput")
     if throughput:
         by = {r.get("system"): r for r in throughput.get("runs", [])}
-        if "millstream-eo-fused" in by:
-            pairs["throughput, window counter"] = (
-                by["millstream-eo-fused"].get("peak_rss_mb"),
-                by.get("millstream-eo", {}).get("peak_rss_mb"),
-            )
-    return pairs
+        if "millstream-eo" in by:
+            found["throughput, window counter"] = by["millstream-eo"].get("peak_rss_mb")
+    return {k: float(v) for k, v in found.items() if v}
 
 
 def rss_target(results: Mapping[str, Any], failed: Collection[str] = ()) -> dict[str, Any]:
-    pairs = {k: v for k, v in rss_pairs(results).items() if v[0] and v[1]}
-    if not pairs:
+    pipelines = rss_by_pipeline(results)
+    if not pipelines:
         ran = [s for s in ("watermarks", "latency", "throughput") if s in results]
         why = (
-            "none of watermarks, latency, throughput ran with both runtimes"
+            "none of watermarks, latency, throughput ran"
             if not ran
-            else f"no peak RSS of both runtimes in {', '.join(ran)}"
+            else f"no millstream peak RSS in {', '.join(ran)}"
         )
         if failed:
             why += f" (failed: {', '.join(sorted(failed))})"
-        return _absent(RSS_NAME, "MB", "<", None, why)
-    fused = max(float(v[0] or 0) for v in pairs.values())
-    queries = max(float(v[1] or 0) for v in pairs.values())
-    lower = [k for k, (f, q) in pairs.items() if float(f or 0) < float(q or 0)]
+        return _absent(RSS_NAME, "MB", "<", ISSUE_PEAK_RSS_MB, why)
+    recorded = BASELINE["peak_rss_mb"]
+    measured = max(pipelines.values())
+    baseline = max(recorded[k] for k in pipelines)  # over the same pipelines
+    lower = [k for k, v in pipelines.items() if v < recorded[k]]
     entry = _entry(
         RSS_NAME,
         "MB",
         "<",
-        queries,
-        fused,
-        queries,
+        ISSUE_PEAK_RSS_MB,
+        measured,
+        baseline,
         "summed over each pipeline's process tree (driver, JVM, Python workers), sampled twice "
-        "a second; goal = the queries runtime's largest over the same scenarios. Per pipeline "
-        "(fused / queries MB): "
-        + "; ".join(f"{k} {f} / {q}" for k, (f, q) in pairs.items())
-        + f". Fused lower in {len(lower)} of {len(pairs)}."
+        f"a second; goal = issue #16's \"today's\" peak RSS ({ISSUE_PEAK_RSS_MB:.0f} MB, main "
+        "before the work). Per pipeline (this run / baseline MB): "
+        + "; ".join(f"{k} {v} / {recorded[k]}" for k, v in pipelines.items())
+        + f". Lower than the baseline in {len(lower)} of {len(pipelines)}."
         + (
-            " (Throughput: the queries process ran 3 variants x repeats in one JVM, the fused one"
-            " only its own repeats.)"
-            if "throughput, window counter" in pairs
+            " (Throughput: the baseline's process ran 3 variants x 3 repeats in one JVM, this "
+            "run's its exactly-once and exactly_once=False variants x repeats.)"
+            if "throughput, window counter" in pipelines
             else ""
         ),
-        per_pipeline={k: {"fused": f, "queries": q} for k, (f, q) in pairs.items()},
+        per_pipeline={k: {"measured": v, "baseline": recorded[k]} for k, v in pipelines.items()},
     )
-    entry["queries_met"] = None  # the goal is the queries runtime's own figure
+    entry["below_baseline"] = measured < baseline
     return entry
 
 
@@ -436,13 +451,13 @@ def compute(results: Mapping[str, Any], failed: Collection[str] = ()) -> list[di
 def table(entries: list[dict[str, Any]]) -> str:
     """The targets as a markdown table (for the results README)."""
     lines = [
-        "| target | fused measured | goal | met | queries runtime |",
+        "| target | measured | goal | met | baseline (queries runtime, fused-ab) |",
         "|---|---|---|---|---|",
     ]
     for e in entries:
         met = {True: "yes", False: "**no**", None: "not measured"}[e["met"]]
         goal = "-" if e["goal"] is None else f"{e['comparison']} {e['goal']} {e['unit']}"
         measured = "-" if e["measured"] is None else f"{e['measured']} {e['unit']}"
-        queries = "-" if e["queries"] is None else f"{e['queries']} {e['unit']}"
-        lines.append(f"| {e['name']} | {measured} | {goal} | {met} | {queries} |")
+        baseline = "-" if e.get("baseline") is None else f"{e['baseline']} {e['unit']}"
+        lines.append(f"| {e['name']} | {measured} | {goal} | {met} | {baseline} |")
     return "\n".join(lines)

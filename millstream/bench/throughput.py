@@ -16,11 +16,6 @@ counted a small separate topic (JVM, Python workers and imports warm for every m
 each run's start-up is counted from the end of the previous one. Every system runs
 `REPEATS` times (the millstream variants interleaved in their process) and is reported by its
 median run, with every repeat's rate beside it.
-
-The runtime is per process (MILLSTREAM_RUNTIME in its environment): the per-computation
-queries variants (`millstream-eo`, `-no-eo`, `-eo-task`) share one process, and right after
-it `millstream-eo-fused` (exactly-once, MILLSTREAM_RUNTIME=fused) runs its repeats in a
-second process with the same warm-up, so each runtime's peak RSS is its own process tree's.
 """
 
 from __future__ import annotations
@@ -98,21 +93,14 @@ class Variant:
     label: str
     exactly_once: bool = True
     shards: int = 8
-    delivery: str = "auto"
-    runtime: str = "queries"  # MILLSTREAM_RUNTIME; every variant of one process has the same
 
 
 def run_millstream(
     bench: Bench, topic: str, events: int, variants: list[Variant], master: str = "local[2]"
 ) -> list[dict[str, Any]]:
     """The window count over the whole topic, once per variant, one after the other in one
-    pipeline process (one Spark session: the JVM starts once); each variant is its own app.
-    The variants share the process's runtime (MILLSTREAM_RUNTIME)."""
-    runtimes = {v.runtime for v in variants}
-    if len(runtimes) != 1:
-        raise ValueError(f"one pipeline process runs one runtime, not {sorted(runtimes)}")
-    runtime = runtimes.pop()
-    folder = bench.run_dir(f"{NAME}-{master}-{runtime}")
+    pipeline process (one Spark session: the JVM starts once); each variant is its own app."""
+    folder = bench.run_dir(f"{NAME}-{master}")
 
     def window_count(source: str, variant: Variant, n: int) -> dict[str, Any]:
         app = f"bt-{uuid.uuid4().hex[:8]}"
@@ -120,7 +108,6 @@ def run_millstream(
             "name": "window_counter",
             "what": "window",
             "exactly_once": variant.exactly_once,
-            "delivery": variant.delivery,
             "output_topic": new_topic(bench.kafka, f"{app}-out"),
         }
         return {
@@ -139,12 +126,9 @@ def run_millstream(
     rows = []
     series = {"app": warm["app"], "runs": [warm, *configs], "events": events}
     with millstream_pipeline(
-        bench, series, folder, master=master, max_batch=batch_cap(events), runtime=runtime
+        bench, series, folder, master=master, max_batch=batch_cap(events)
     ) as process:
-        say(
-            f"{master}, MILLSTREAM_RUNTIME={runtime}: warming up (JVM, Python workers) "
-            f"on {warm_events} other events"
-        )
+        say(f"{master}: warming up (JVM, Python workers) on {warm_events} other events")
         process.wait_for(
             "the warm-up run",
             lambda: metric(client, str(warm["app"]), "window_counter", "records") >= warm_events,
@@ -155,8 +139,7 @@ def run_millstream(
             app = str(config["app"])
             say(
                 f"{variant.label}: {events} events, exactly_once={variant.exactly_once}, "
-                f"{master}, {variant.shards} shards, delivery by {variant.delivery}, "
-                f"MILLSTREAM_RUNTIME={runtime}"
+                f"{master}, {variant.shards} shards"
             )
             profile = BatchProfile(client, app, ["window_counter"])
             profile.start()
@@ -174,11 +157,9 @@ def run_millstream(
             since = time.monotonic()
             result.update(
                 system=variant.label,
-                runtime=runtime,
                 exactly_once=variant.exactly_once,
                 master=master,
                 shards=variant.shards,
-                delivery=variant.delivery,
                 profile=profile.summary(),
                 log=str(process.log_path),
                 batches=metric(client, app, "window_counter", "batches"),
@@ -266,20 +247,11 @@ def run(bench: Bench) -> dict[str, Any]:
     say(f"{NAME}: pre-loading {events} events into {topic}")
     load = preload(bench.kafka, topic, events)
     repeats = 1 if bench.quick else REPEATS
-    variants = [
-        Variant("millstream-eo"),
-        Variant("millstream-no-eo", exactly_once=False),
-        Variant("millstream-eo-task", delivery="task"),
-    ]
-    fused_variants = [Variant("millstream-eo-fused", runtime="fused")]
-    # Interleaved (eo, no-eo, task, eo, ...) in one process, so drift in the machine's load
-    # and the JVM's warmth spreads over every variant alike; the fused runtime right after,
-    # in its own process (the runtime is a process's setting).
+    variants = [Variant("millstream-eo"), Variant("millstream-no-eo", exactly_once=False)]
+    # Interleaved (eo, no-eo, eo, ...) in one process, so drift in the machine's load and the
+    # JVM's warmth spreads over both variants alike.
     runs = run_millstream(bench, topic, events, variants * repeats)
-    runs += run_millstream(bench, topic, events, fused_variants * repeats)
-    rows = [
-        median_run([r for r in runs if r["system"] == v.label]) for v in variants + fused_variants
-    ]
+    rows = [median_run([r for r in runs if r["system"] == v.label]) for v in variants]
     rows.append(median_run([run_quix(bench, topic, events) for _ in range(repeats)]))
     rows.append(median_run([run_plain(bench, topic, events) for _ in range(repeats)]))
     by = {r["system"]: r for r in rows}
@@ -290,18 +262,13 @@ def run(bench: Bench) -> dict[str, Any]:
 
     ratios = {
         "millstream_eo/millstream_no_eo": ratio("millstream-eo", "millstream-no-eo"),
-        "millstream_eo/millstream_eo_task_delivery": ratio("millstream-eo", "millstream-eo-task"),
         "millstream_eo/quix": ratio("millstream-eo", "quix"),
         "millstream_eo/plain_spark": ratio("millstream-eo", "plain-spark"),
-        "millstream_eo_fused/millstream_eo": ratio("millstream-eo-fused", "millstream-eo"),
-        "millstream_eo_fused/quix": ratio("millstream-eo-fused", "quix"),
-        "millstream_eo_fused/plain_spark": ratio("millstream-eo-fused", "plain-spark"),
     }
     table = print_table(
         f"throughput: {events:,} events, 1,000 Zipf keys, 4 partitions, 1 s tumbling count",
         [
             "system",
-            "runtime",
             "exactly-once",
             "events/s (median)",
             "repeats",
@@ -313,7 +280,6 @@ def run(bench: Bench) -> dict[str, Any]:
         [
             [
                 r["system"],
-                r.get("runtime", "-"),
                 "yes" if r["exactly_once"] else "no",
                 r["events_per_s"],
                 " / ".join(f"{x:,.0f}" for x in r["repeats_events_per_s"] if x),

@@ -4,13 +4,11 @@ WindowCounter -> ModelCalculator -> SpikeDetector (the demo's computations) on Z
 at the first `--rates` rate, event time = send time. The demo's `WatermarkSampler` reads each
 stage's published low watermark once per second; lag = wall clock - low watermark.
 
-The same pipeline runs twice, back to back in this bench process on the same broker and
-Redis: with MILLSTREAM_RUNTIME=queries (one Spark query per computation, the stages joined by
-Kafka topics) and with MILLSTREAM_RUNTIME=fused (one query, productions handed to the next
-stage inside the micro-batch); both with `delivery="auto"` and MILLSTREAM_IDLE_SLACK_MS=500
-(`IDLE_SLACK_MS`: a caught-up partition's watermark is now - 0.5 s, a floor under every
-stage's lag). Each run's batches are profiled from what the runtime leaves in Redis
-(`BatchProfile`): batch seconds per computation and, for the fused runtime, its phases.
+The pipeline is one fused query (productions handed to the next stage inside the
+micro-batch) and runs with MILLSTREAM_IDLE_SLACK_MS=500 (`IDLE_SLACK_MS`: a caught-up
+partition's watermark is now - 0.5 s, a floor under every stage's lag). Its batches are
+profiled from what the runtime leaves in Redis (`BatchProfile`): batch seconds per computation
+and the fused batch's phases.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from typing import Any
 
 from millstream.bench._harness import (
     PROGRESS_FILE,
-    RUNTIMES,
     BatchProfile,
     Bench,
     metric,
@@ -40,32 +37,30 @@ from millstream.demo.observe import WatermarkSampler
 
 NAME = "watermarks"
 SKIP_S = 5.0  # the first seconds of traffic: stages are still catching up with the start
-IDLE_SLACK_MS = 500  # MILLSTREAM_IDLE_SLACK_MS of both runs (issue #16)
+IDLE_SLACK_MS = 500  # MILLSTREAM_IDLE_SLACK_MS of the run (issue #16)
 
 
-def plot(path: Path, runs: dict[str, dict[str, Any]], rate: float) -> None:
-    """Lag per stage over time, one panel per runtime, on the same scale."""
+def plot(path: Path, found: dict[str, Any], rate: float) -> None:
+    """Lag per stage over time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), sharey=True, squeeze=False)
-    for ax, (runtime, found) in zip(axes[0], runs.items(), strict=True):
-        start_ms = found["traffic_start_ms"]
-        for stage in THREE_STAGES:
-            points = [
-                ((s["t"] - start_ms) / 1000, s[stage] / 1000)
-                for s in found["samples"]
-                if s.get(stage) is not None
-            ]
-            if points:
-                ax.plot(*zip(*points, strict=True), label=stage, linewidth=1.2)
-        ax.set_xlabel(f"seconds since traffic start ({rate:.0f} events/s)")
-        ax.set_title(f"MILLSTREAM_RUNTIME={runtime}", fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("low watermark lag (s)")
+    fig, ax = plt.subplots(figsize=(8, 4))
+    start_ms = found["traffic_start_ms"]
+    for stage in THREE_STAGES:
+        points = [
+            ((s["t"] - start_ms) / 1000, s[stage] / 1000)
+            for s in found["samples"]
+            if s.get(stage) is not None
+        ]
+        if points:
+            ax.plot(*zip(*points, strict=True), label=stage, linewidth=1.2)
+    ax.set_xlabel(f"seconds since traffic start ({rate:.0f} events/s)")
+    ax.set_ylabel("low watermark lag (s)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
     fig.suptitle(
         f"Low watermark lag per stage, sampled once per second (cf. MillWheel Fig. 15); "
         f"idle slack {IDLE_SLACK_MS} ms",
@@ -76,11 +71,10 @@ def plot(path: Path, runs: dict[str, dict[str, Any]], rate: float) -> None:
     plt.close(fig)
 
 
-def _measure(bench: Bench, rate: float, seconds: float, runtime: str) -> dict[str, Any]:
+def _measure(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
     """One three-stage pipeline process under `rate` events/s; lag statistics per stage."""
-    delivery = "auto"
     app = f"bw-{uuid.uuid4().hex[:8]}"
-    folder = bench.run_dir(f"{NAME}-{runtime}")
+    folder = bench.run_dir(NAME)
     topic = new_topic(bench.kafka, f"{app}-in")
     out = new_topic(bench.kafka, f"{app}-anomalies")
     config = {
@@ -90,19 +84,15 @@ def _measure(bench: Bench, rate: float, seconds: float, runtime: str) -> dict[st
         "input_topic": topic,
         "output_topic": out,
         "shards": 8,
-        "delivery": delivery,
     }
     client = bench.redis()
     sampler = WatermarkSampler(client, app, THREE_STAGES)
     profile = BatchProfile(client, app, THREE_STAGES)
     say(
         f"{NAME}: three stages, {rate:.0f} events/s for {seconds:.0f}s, "
-        f"MILLSTREAM_RUNTIME={runtime}, MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}, "
-        f"delivery {delivery}"
+        f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}"
     )
-    with millstream_pipeline(
-        bench, config, folder, runtime=runtime, idle_slack_ms=IDLE_SLACK_MS
-    ) as process:
+    with millstream_pipeline(bench, config, folder, idle_slack_ms=IDLE_SLACK_MS) as process:
         process.wait_for(
             "every stage's first batch",
             lambda: all(metric(client, app, s, "batches") > 0 for s in THREE_STAGES),
@@ -135,8 +125,6 @@ def _measure(bench: Bench, rate: float, seconds: float, runtime: str) -> dict[st
             "max_s": round(lags[-1], 3) if lags else None,
         }
     return {
-        "runtime": runtime,
-        "delivery": delivery,
         "idle_slack_ms": IDLE_SLACK_MS,
         "app": app,
         "log": str(process.log_path),
@@ -155,84 +143,61 @@ def _measure(bench: Bench, rate: float, seconds: float, runtime: str) -> dict[st
     }
 
 
-def profile_line(queries: dict[str, Any], fused: dict[str, Any]) -> str:
-    """Batch seconds p50 per stage (queries) and the fused batch's phases p50, over the batches
-    that took input, in one line."""
+def profile_line(profile: dict[str, Any]) -> str:
+    """The fused batch's seconds (as stage 1 records it: the whole batch) and its phases p50,
+    over the batches that took input, in one line."""
 
     def busy(entry: dict[str, Any]) -> dict[str, Any]:
         return entry.get("with_input") or entry
 
-    def p50(entry: dict[str, Any]) -> Any:
-        return (busy(entry).get("seconds") or {}).get("p50")
-
-    own = busy(fused.get("#fused", {}))
-    line = "batches with input, p50 s: queries " + "/".join(
-        str(p50(queries.get(s, {}))) for s in THREE_STAGES
-    )
-    line += f" (per stage's batch); fused {p50(fused.get(THREE_STAGES[0], {}))} (whole batch"
+    own = busy(profile.get("#fused", {}))
+    whole = (busy(profile.get(THREE_STAGES[0], {})).get("seconds") or {}).get("p50")
+    line = f"batches with input, p50 s: {whole} (whole batch"
     if own.get("phases"):
         line += ": " + ", ".join(f"{k} {v['p50']}" for k, v in own["phases"].items())
     return line + f"; {own.get('batches', 0)} such batches seen)"
 
 
 def run(bench: Bench) -> dict[str, Any]:
-    """The per-computation queries, then the fused runtime, one after the other on the same
-    machine, both with `delivery="auto"` and MILLSTREAM_IDLE_SLACK_MS=500."""
+    """The three-stage pipeline at the first rate, MILLSTREAM_IDLE_SLACK_MS=500."""
     rate = bench.rates[0]
     seconds = max(bench.rate_seconds, 20.0) if bench.quick else max(2 * bench.rate_seconds, 30.0)
-    runs = {runtime: _measure(bench, rate, seconds, runtime) for runtime in RUNTIMES}
+    found = _measure(bench, rate, seconds)
     table = print_table(
         f"low watermark lag per stage at {rate:.0f} events/s (after the first {SKIP_S:.0f}s), "
-        f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}, delivery auto",
-        ["runtime", "stage", "samples", "median s", "p95 s", "max s", "batches", "records"],
+        f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}",
+        ["stage", "samples", "median s", "p95 s", "max s", "batches", "records"],
         [
             [
-                r["runtime"],
                 s,
-                r["stages"][s]["samples"],
-                r["stages"][s]["median_s"],
-                r["stages"][s]["p95_s"],
-                r["stages"][s]["max_s"],
-                r["batches"][s],
-                r["records"][s],
+                found["stages"][s]["samples"],
+                found["stages"][s]["median_s"],
+                found["stages"][s]["p95_s"],
+                found["stages"][s]["max_s"],
+                found["batches"][s],
+                found["records"][s],
             ]
-            for r in runs.values()
             for s in THREE_STAGES
         ],
     )
-    queries, fused = runs["queries"], runs["fused"]
-    ratios = {
-        f"{s} median fused/queries": (
-            round(fused["stages"][s]["median_s"] / queries["stages"][s]["median_s"], 3)
-            if queries["stages"][s]["median_s"] and fused["stages"][s]["median_s"] is not None
-            else None
-        )
-        for s in THREE_STAGES
-    }
     memory = (
-        f"sent {queries['sent']} (queries) and {fused['sent']} (fused) events; peak RSS: "
-        f"queries {queries['peak_rss_mb']} MB, fused {fused['peak_rss_mb']} MB; query restarts: "
-        f"queries {queries['query_restarts']}, fused {fused['query_restarts']}"
+        f"sent {found['sent']} events; peak RSS {found['peak_rss_mb']} MB; query restarts "
+        f"{found['query_restarts']}"
     )
-    behind = [r["runtime"] for r in runs.values() if not r["caught_up"]]
-    if behind:
-        memory += f"; not caught up 5 s after the traffic: {', '.join(behind)}"
-    memory += "\n" + profile_line(queries["profile"], fused["profile"])
-    for r in runs.values():
-        memory += f"\n{r['runtime']}: " + trigger_line(r["spark"])
-    print(f"  {memory}", flush=True)
-    print("  ratios: " + ", ".join(f"{k} {v}" for k, v in ratios.items()) + "\n", flush=True)
+    if not found["caught_up"]:
+        memory += "; not caught up 5 s after the traffic"
+    memory += "\n" + profile_line(found["profile"])
+    memory += "\n" + trigger_line(found["spark"])
+    print(f"  {memory}\n", flush=True)
     table += "\n" + memory
     png = bench.output / "watermark_lag.png"
-    plot(png, runs, rate)
+    plot(png, found, rate)
     result = {
         "scenario": NAME,
         "rate": rate,
         "seconds": seconds,
         "idle_slack_ms": IDLE_SLACK_MS,
-        "delivery": "auto",
-        "runtimes": runs,
-        "ratios": ratios,
+        "millstream": found,
         "table": table,
         "plots": [str(png)],
     }

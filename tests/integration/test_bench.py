@@ -1,7 +1,9 @@
-"""`millstream bench --quick` smoke: the command runs, prints its table and writes its files.
+"""`millstream bench` smoke tests: the command runs, prints its table and writes its files.
 
-Only the dedup scenario (state layer on real Redis, no Spark) keeps this under a minute; the
-Spark scenarios are exercised by `make bench`.
+The command runs only the dedup scenario (state layer on real Redis, no Spark), which keeps it
+under a minute. One tiny millstream pipeline process, as the Spark scenarios start it (the
+throughput scenario's, a few thousand events, both variants), checks that a bench pipeline
+runs on the one runtime; the full Spark scenarios are exercised by `make bench`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(sys.executable).with_name("millstream")
 
@@ -71,3 +75,39 @@ def test_bench_rejects_an_unknown_scenario(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "unknown scenario" in done.stderr
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_bench_pipeline_process_counts_every_event_on_the_one_runtime(
+    redis_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The throughput scenario's millstream process, tiny: a warm-up application, then the
+    exactly-once and exactly_once=False window counts, one after the other in one Spark
+    session; each started with one `app.start()` and no MILLSTREAM_RUNTIME."""
+    from millstream.bench._harness import Bench
+    from millstream.bench._workload import new_topic, preload
+    from millstream.bench.throughput import Variant, run_millstream
+
+    bench = Bench(
+        output=tmp_path / "results",
+        workdir=tmp_path / "runs",
+        redis_url=redis_url,
+        bootstrap=kafka_bootstrap,
+        quick=True,
+        events=2000,
+        rates=[1000.0],
+        rate_seconds=5.0,
+    )
+    topic = new_topic(bench.kafka, "bench-smoke")
+    preload(bench.kafka, topic, bench.events)
+    variants = [Variant("millstream-eo"), Variant("millstream-no-eo", exactly_once=False)]
+    rows = run_millstream(bench, topic, bench.events, variants)
+    assert [r["system"] for r in rows] == ["millstream-eo", "millstream-no-eo"]
+    for row in rows:
+        assert row["events_per_s_incl_startup"] > 0
+        assert row["peak_rss_mb"] > 0 and row["batches"] > 0
+        assert "runtime" not in row and "delivery" not in row
+    assert rows[0]["exactly_once"] and not rows[1]["exactly_once"]
+    (log,) = {r["log"] for r in rows}  # one process ran both
+    assert "MILLSTREAM_RUNTIME" not in Path(log).read_text(errors="replace")

@@ -1,8 +1,17 @@
-"""The steady-run scenario's memory verdict: medians per minute and the second-half slope."""
+"""The steady-run scenario's memory verdict (medians per minute, the second-half slope) and
+what its pipeline process is started with (environment, topology)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from millstream.bench._harness import Bench
+from millstream.bench._topologies import THREE_STAGES, build
 from millstream.bench.steady import _slope_mb_per_min, summarise
+from millstream.settings import Settings
 
 
 def _samples(seconds: int, total: float, per_min: float) -> list[dict[str, float]]:
@@ -29,3 +38,44 @@ def test_a_leak_shows_as_growth_and_slope() -> None:
 
 def test_slope_needs_three_points() -> None:
     assert _slope_mb_per_min([(0.0, 1.0), (5.0, 2.0)]) is None
+
+
+def test_a_bench_pipeline_environment_is_one_a_pipeline_accepts(tmp_path: Path) -> None:
+    """The steady (and every) pipeline process gets `Bench.pipeline_env`: no
+    MILLSTREAM_RUNTIME (setting it is now a ConfigurationError), and the settings it names."""
+    bench = Bench(
+        output=tmp_path,
+        workdir=tmp_path,
+        redis_url="redis://127.0.0.1:6379/0",
+        bootstrap="127.0.0.1:9092",
+        quick=True,
+        events=1000,
+        rates=[1000.0],
+        rate_seconds=5.0,
+    )
+    env = bench.pipeline_env("steady-app", tmp_path, idle_slack_ms=500)
+    assert "MILLSTREAM_RUNTIME" not in env
+    settings = Settings.from_env(env)
+    assert (settings.app, settings.idle_slack_ms, settings.trigger_ms) == ("steady-app", 500, 200)
+    with pytest.raises(TypeError):
+        bench.pipeline_env("steady-app", tmp_path, runtime="fused")  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("kind", ["parts", "three_stage"])
+def test_bench_topologies_build_without_a_delivery_option(kind: str) -> None:
+    config: dict[str, Any] = {
+        "app": "bench-app",
+        "bootstrap": "127.0.0.1:9092",
+        "input_topic": "in",
+        "output_topic": "out",
+        "shards": 4,
+        "parts": [
+            {"name": "pass_eo", "what": "passthrough", "exactly_once": True, "output_topic": "a"},
+            {"name": "win", "what": "window", "exactly_once": False, "output_topic": "b"},
+        ],
+    }
+    if kind == "three_stage":
+        config["kind"] = "three_stage"
+    topology = build(config)
+    expected = THREE_STAGES if kind == "three_stage" else ("pass_eo", "win")
+    assert tuple(topology.computations) == expected

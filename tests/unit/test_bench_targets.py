@@ -33,8 +33,7 @@ SPARK = {"bw.fused": {"triggers": 40, "gap_s": {"p50": 1.1, "p95": 1.5, "max": 2
 
 
 def watermarks(
-    fused: tuple[float | None, float | None, float | None],
-    queries: tuple[float | None, float | None, float | None] = (3.0, 4.0, 5.0),
+    medians: tuple[float | None, float | None, float | None],
     *,
     rate: float = 1000.0,
     slack: int = 500,
@@ -43,16 +42,12 @@ def watermarks(
         "scenario": "watermarks",
         "rate": rate,
         "idle_slack_ms": slack,
-        "delivery": "auto",
-        "runtimes": {
-            "queries": {"stages": _stages(queries), "peak_rss_mb": 2400.0, "query_restarts": 0},
-            "fused": {
-                "stages": _stages(fused),
-                "peak_rss_mb": 1500.0,
-                "query_restarts": 0,
-                "profile": FUSED_PROFILE,
-                "spark": SPARK,
-            },
+        "millstream": {
+            "stages": _stages(medians),
+            "peak_rss_mb": 1500.0,
+            "query_restarts": 0,
+            "profile": FUSED_PROFILE,
+            "spark": SPARK,
         },
     }
 
@@ -63,37 +58,32 @@ def _lat(p50: float | None, p95: float = 9.0, p99: float = 9.5) -> dict[str, Any
 
 def latency(
     *,
-    fused_record: float | None = 1.0,
-    fused_window: float | None = 2.5,
+    record: float | None = 1.0,
+    window: float | None = 2.5,
     floor: float | None = 0.9,
     quix_window: float | None = 0.25,
     slack: int | None = 2000,
     drained: bool = True,
 ) -> dict[str, Any]:
-    def mill(runtime: str, record: float | None, window: float | None, rss: float) -> Any:
-        return {
-            "runtime": runtime,
-            "record_eo": _lat(record),
-            "record_no_eo": _lat(record),
-            "window": _lat(window),
-            "peak_rss_mb": rss,
-            "window_peak_rss_mb": rss - 500,
-            "drained": drained if runtime == "fused" else True,
-            "records_pipeline": {"profile": FUSED_PROFILE},
-            "window_pipeline": {"profile": FUSED_PROFILE},
-        }
-
     return {
         "scenario": "latency",
         "idle_slack_ms": slack,
-        "millstream": mill("queries", 5.0, 7.5, 2600.0),
-        "millstream_fused": mill("fused", fused_record, fused_window, 1800.0),
+        "millstream": {
+            "record_eo": _lat(record),
+            "record_no_eo": _lat(record),
+            "window": _lat(window),
+            "peak_rss_mb": 1800.0,
+            "window_peak_rss_mb": 1300.0,
+            "drained": drained,
+            "records_pipeline": {"profile": FUSED_PROFILE},
+            "window_pipeline": {"profile": FUSED_PROFILE},
+        },
         "spark_floor": {"record": _lat(floor), "peak_rss_mb": 2400.0},
         "quix": {"window": _lat(quix_window), "peak_rss_mb": 95.0},
     }
 
 
-def throughput(fused: float | None = 20_000.0, quix: float | None = 16_000.0) -> dict[str, Any]:
+def throughput(eo: float | None = 20_000.0, quix: float | None = 16_000.0) -> dict[str, Any]:
     def row(system: str, rate: float | None, rss: float) -> dict[str, Any]:
         return {
             "system": system,
@@ -108,9 +98,8 @@ def throughput(fused: float | None = 20_000.0, quix: float | None = 16_000.0) ->
         "scenario": "throughput",
         "events": 200_000,
         "runs": [
-            row("millstream-eo", 8000.0, 2400.0),
-            row("millstream-no-eo", 8500.0, 2400.0),
-            row("millstream-eo-fused", fused, 2000.0),
+            row("millstream-eo", eo, 2000.0),
+            row("millstream-no-eo", 24_000.0, 2000.0),
             row("quix", quix, 145.0),
         ],
     }
@@ -130,12 +119,17 @@ def test_one_entry_per_target_with_the_required_fields() -> None:
     )
     assert len(entries) == 7
     for e in entries:
-        assert {"name", "measured", "goal", "met", "detail", "queries"} <= e.keys()
+        assert {"name", "measured", "goal", "met", "detail", "baseline", "baseline_source"} <= (
+            e.keys()
+        )
+        assert "benchmarks/results/fused-ab" in e["baseline_source"]
+        assert "benchmarks/results/fused-ab" in e["detail"]  # the entry says where it comes from
+        assert "queries" not in e  # no second runtime in the run
     json.dumps(entries)  # written as JSON
 
 
 def test_watermark_stages_are_judged_by_stage_one_and_each_increment() -> None:
-    entries = targets.watermark_targets(watermarks((1.5, 1.7, 2.1), queries=(3.0, 4.0, 5.0)))
+    entries = targets.watermark_targets(watermarks((1.5, 1.7, 2.1)))
     one, two, three = entries
     assert (one["measured"], one["goal"], one["met"]) == (1.5, 1.8, True)
     assert (two["measured"], two["goal"], two["met"]) == (0.2, 0.3, True)
@@ -144,8 +138,10 @@ def test_watermark_stages_are_judged_by_stage_one_and_each_increment() -> None:
     # a miss carries where the time goes: the runtime's batch phases and Spark's triggers
     assert three["profile"] == {"batches": FUSED_PROFILE["#fused"], "spark_triggers": SPARK}
     assert "profile" not in one
-    assert (one["queries"], one["queries_met"]) == (3.0, False)
-    assert (two["queries"], three["queries"]) == (1.0, 1.0)
+    # beside each, the queries runtime's value recorded before it was removed
+    assert (one["baseline"], one["baseline_met"]) == (31.154, False)
+    assert (two["baseline"], two["baseline_met"]) == (3.19, False)
+    assert (three["baseline"], three["baseline_met"]) == (0.0, True)
     assert "MILLSTREAM_IDLE_SLACK_MS=500" in one["detail"]
 
 
@@ -153,6 +149,7 @@ def test_watermarks_at_another_rate_or_slack_are_not_measured() -> None:
     for result in (
         watermarks((1.0, 1.1, 1.2), rate=5000.0),
         watermarks((1.0, 1.1, 1.2), slack=2000),
+        {"scenario": "watermarks", "rate": 1000.0, "idle_slack_ms": 500},
     ):
         for e in targets.watermark_targets(result):
             assert e["measured"] is None and e["met"] is None
@@ -164,26 +161,29 @@ def test_a_stage_without_samples_is_not_judged() -> None:
     assert one["met"] is True
     assert two["measured"] is None and two["met"] is None
     assert three["measured"] is None and three["met"] is None
+    assert two["detail"].startswith("no lag samples for this stage")
 
 
 def test_record_latency_is_a_ratio_to_the_spark_floor() -> None:
-    record, _ = targets.latency_targets(latency(fused_record=1.0, floor=0.9))
+    record, _ = targets.latency_targets(latency(record=1.0, floor=0.9))
     assert record["measured"] == pytest.approx(1.111, abs=1e-3)
     assert record["goal"] == 1.2 and record["met"] is True
-    assert record["queries"] == pytest.approx(5.0 / 0.9, abs=1e-3)
-    assert record["queries_met"] is False
-    missed, _ = targets.latency_targets(latency(fused_record=1.8, floor=0.9))
+    assert record["baseline"] == pytest.approx(8.589 / 1.399, abs=1e-3)
+    assert record["baseline_met"] is False
+    missed, _ = targets.latency_targets(latency(record=1.8, floor=0.9))
     assert missed["measured"] == 2.0 and missed["met"] is False
     assert "Missed by 0.8 x" in missed["detail"]
     assert missed["profile"] == {"batches": FUSED_PROFILE["#fused"], "spark_triggers": None}
 
 
 def test_window_latency_goal_is_the_floor_plus_the_latency_runs_idle_slack() -> None:
-    _, window = targets.latency_targets(latency(fused_window=2.5, floor=0.9, slack=2000))
+    _, window = targets.latency_targets(latency(window=2.5, floor=0.9, slack=2000))
     assert window["goal"] == 2.9 and window["met"] is True
     assert window["ratio_to_quix"] == 10.0
-    assert "fused/Quix 10.0" in window["detail"]
-    _, tight = targets.latency_targets(latency(fused_window=2.5, floor=0.9, slack=500))
+    assert "millstream/Quix 10.0" in window["detail"]
+    assert window["baseline"] == 10.018
+    assert window["baseline_ratio_to_quix"] == round(10.018 / 0.269, 3)
+    _, tight = targets.latency_targets(latency(window=2.5, floor=0.9, slack=500))
     assert tight["goal"] == 1.4 and tight["met"] is False
     assert "Missed by 1.1 s" in tight["detail"]
 
@@ -201,17 +201,17 @@ def test_latency_without_a_floor_figure_is_not_measured() -> None:
 
 
 def test_throughput_is_judged_against_quix_with_the_aim_stated() -> None:
-    (entry,) = targets.throughput_targets(throughput(fused=20_000.0, quix=16_000.0))
+    (entry,) = targets.throughput_targets(throughput(eo=20_000.0, quix=16_000.0))
     assert entry["measured"] == 1.25 and entry["goal"] == 1.0 and entry["met"] is True
-    assert entry["queries"] == 0.5 and entry["queries_met"] is False
+    assert entry["baseline"] == round(5044.0 / 11943.1, 3) and entry["baseline_met"] is False
     assert entry["aim"] == 2.0 and "(not reached)" in entry["detail"]
-    (slow,) = targets.throughput_targets(throughput(fused=12_000.0, quix=16_000.0))
+    (slow,) = targets.throughput_targets(throughput(eo=12_000.0, quix=16_000.0))
     assert slow["measured"] == 0.75 and slow["met"] is False
     assert "Missed by 0.25 x" in slow["detail"]
     assert slow["profile"] == {"batches": None, "spark_triggers": SPARK}
 
 
-def test_peak_rss_compares_the_largest_fused_pipeline_with_the_queries_ones() -> None:
+def test_peak_rss_is_judged_against_the_issues_figure_with_the_recorded_baseline() -> None:
     entry = targets.rss_target(
         {
             "watermarks": watermarks((1.5, 1.7, 1.9)),
@@ -219,16 +219,19 @@ def test_peak_rss_compares_the_largest_fused_pipeline_with_the_queries_ones() ->
             "throughput": throughput(),
         }
     )
-    assert entry["measured"] == 2000.0  # throughput's fused process
-    assert entry["goal"] == 2600.0  # latency's queries pass-through process
+    assert entry["measured"] == 2000.0  # throughput's process
+    assert entry["goal"] == 2687.0  # issue #16's "today's"
     assert entry["met"] is True
-    assert set(entry["per_pipeline"]) == {
-        "watermarks, 3 stages",
-        "latency, 2 pass-throughs",
-        "latency, window counter",
-        "throughput, window counter",
+    assert entry["baseline"] == 2908.3  # the queries runtime's largest, fused-ab
+    assert entry["baseline_met"] is False and entry["below_baseline"] is True
+    assert entry["per_pipeline"]["watermarks, 3 stages"] == {
+        "measured": 1500.0,
+        "baseline": 2908.3,
     }
-    assert "Fused lower in 4 of 4" in entry["detail"]
+    assert set(entry["per_pipeline"]) == set(targets.BASELINE["peak_rss_mb"])
+    assert "Lower than the baseline in 4 of 4" in entry["detail"]
+    empty = targets.rss_target({"watermarks": {**watermarks((1, 1, 1)), "millstream": {}}})
+    assert empty["measured"] is None  # no peak RSS in the run: not measured
 
 
 def test_targets_of_scenarios_not_run_are_null_never_invented() -> None:
@@ -248,8 +251,41 @@ def test_only_the_scenarios_run_are_judged() -> None:
     assert entries[targets.RECORD_NAME]["met"] is None
     assert entries[targets.WATERMARK_NAMES[0]]["met"] is None
     rss = entries[targets.RSS_NAME]
-    assert rss["measured"] == 2000.0 and rss["goal"] == 2400.0
+    assert rss["measured"] == 2000.0 and rss["goal"] == 2687.0
+    assert rss["baseline"] == 2708.9  # the baseline over the same pipelines only
     assert list(rss["per_pipeline"]) == ["throughput, window counter"]
+
+
+def test_the_baseline_is_the_queries_runtime_recorded_in_fused_ab() -> None:
+    """BASELINE's figures are the `queries` rows of benchmarks/results/fused-ab."""
+    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "fused-ab"
+    if not folder.is_dir():
+        pytest.skip("benchmarks/ is not in this tree")
+    base = targets.BASELINE
+    marks = json.loads((folder / "watermarks.json").read_text())
+    assert (marks["rate"], marks["idle_slack_ms"]) == (targets.RATE, targets.IDLE_SLACK_MS)
+    stages = marks["runtimes"]["queries"]["stages"]
+    assert tuple(stages[s]["median_s"] for s in targets.STAGES) == base["watermark_medians_s"]
+    lat = json.loads((folder / "latency.json").read_text())
+    assert lat["millstream"]["runtime"] == "queries"
+    key = targets.RATE_KEY
+    assert lat["millstream"]["record_eo"][key]["p50"] == base["record_p50_s"]
+    assert lat["millstream"]["window"][key]["p50"] == base["window_p50_s"]
+    assert lat["spark_floor"]["record"][key]["p50"] == base["floor_p50_s"]
+    assert lat["quix"]["window"][key]["p50"] == base["quix_window_p50_s"]
+    runs = {r["system"]: r for r in json.loads((folder / "throughput.json").read_text())["runs"]}
+    assert runs["millstream-eo"]["runtime"] == "queries"
+    assert runs["millstream-eo"]["events_per_s"] == base["events_per_s"]
+    assert runs["quix"]["events_per_s"] == base["quix_events_per_s"]
+    assert base["peak_rss_mb"] == {
+        "watermarks, 3 stages": marks["runtimes"]["queries"]["peak_rss_mb"],
+        "latency, 2 pass-throughs": lat["millstream"]["peak_rss_mb"],
+        "latency, window counter": lat["millstream"]["window_peak_rss_mb"],
+        "throughput, window counter": runs["millstream-eo"]["peak_rss_mb"],
+    }
+    machine = json.loads((folder / "machine.json").read_text())
+    assert machine["source_at_start"]["head"].startswith("0bcc6aa")
+    assert machine["started_utc"] == "2026-11-25 10:04 UTC"
 
 
 def test_profile_summary_keeps_each_batch_once_and_gives_phase_spreads() -> None:
@@ -291,7 +327,8 @@ def test_the_results_page_shows_the_targets_table(tmp_path: Path) -> None:
     }
     page = report(tmp_path, machine, {"quick": False, "scenarios": {}})
     assert "## Targets" in page
-    assert f"| {targets.THROUGHPUT_NAME} | 1.25 x | >= 1.0 x | yes | 0.5 x |" in page
+    assert f"| {targets.THROUGHPUT_NAME} | 1.25 x | >= 1.0 x | yes | 0.422 x |" in page
+    assert "baseline (queries runtime, fused-ab)" in page
     assert "not measured" in page
 
 
@@ -320,3 +357,65 @@ def test_spark_progress_summarises_each_querys_triggers(tmp_path: Path) -> None:
     since = spark_progress(path, "app1.", since_ms=1795600803000)  # 10:00:03 UTC
     assert since["app1.fused"]["triggers"] == 3
     assert spark_progress(tmp_path / "missing.jsonl", "app1.") == {}
+
+
+def test_the_scenarios_results_are_what_the_targets_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """latency.run and watermarks.run (their pipelines canned) give the result shapes the
+    targets judge: one millstream run each, no runtime."""
+    from millstream.bench import latency as lat
+    from millstream.bench import watermarks as wm
+    from millstream.bench._harness import Bench
+
+    bench = Bench(tmp_path, tmp_path, "redis://x", "x:1", True, 1000, [1000.0], 5.0)
+    phase = {"rate": 1000.0, "start_ms": 0, "end_ms": 60_000, "sent": 10}
+    stats = _lat(1.0)
+    pipeline = {"spark": {}, "profile": FUSED_PROFILE}
+    mill = {
+        "phases": [phase],
+        "window_phases": [phase],
+        "record_eo": stats,
+        "record_no_eo": stats,
+        "window": _lat(2.5),
+        "raw_record": {lat.PARTS[0]: [(3000, 900)], lat.PARTS[1]: [(3000, 800)]},
+        "raw_window": [(3000, 2500)],
+        "records_pipeline": pipeline,
+        "window_pipeline": pipeline,
+        "peak_rss_mb": 1800.0,
+        "window_peak_rss_mb": 1300.0,
+        "query_restarts": 0,
+        "drained": True,
+        "sent": 10,
+        "committed_reader_count": {lat.PARTS[0]: 10, lat.PARTS[1]: 10},
+    }
+    floor = {"phases": [phase], "record": _lat(0.9), "raw": [(3000, 900)]}
+    floor |= {"peak_rss_mb": 900.0, "query_restarts": 0}
+    quix = {"phases": [phase], "window": _lat(0.25), "raw_window": [(3000, 250)]}
+    quix |= {"peak_rss_mb": 95.0}
+    monkeypatch.setattr(lat, "run_millstream", lambda bench: mill)
+    monkeypatch.setattr(lat, "run_floor", lambda bench: floor)
+    monkeypatch.setattr(lat, "run_quix", lambda bench: quix)
+    found = {
+        "stages": _stages((1.5, 1.6, 1.6)),
+        "batches": dict.fromkeys(targets.STAGES, 5),
+        "records": dict.fromkeys(targets.STAGES, 10),
+        "sent": 10,
+        "caught_up": True,
+        "profile": FUSED_PROFILE,
+        "spark": {},
+        "samples": [{"t": 6000, **dict.fromkeys(targets.STAGES, 1500)}],
+        "traffic_start_ms": 0,
+        "peak_rss_mb": 1500.0,
+        "query_restarts": 0,
+    }
+    monkeypatch.setattr(wm, "_measure", lambda bench, rate, seconds: found)
+    results = {"latency": lat.run(bench), "watermarks": wm.run(bench)}
+    assert "millstream exactly-once" in results["latency"]["table"]
+    assert "fused" not in results["latency"]["table"]
+    entries = by_name(targets.compute(results))
+    assert entries[targets.RECORD_NAME]["measured"] == pytest.approx(1.0 / 0.9, abs=1e-3)
+    assert entries[targets.WINDOW_NAME]["measured"] == 2.5
+    assert entries[targets.WATERMARK_NAMES[0]]["met"] is True
+    assert entries[targets.RSS_NAME]["measured"] == 1800.0
+    assert (tmp_path / "latency_cdf.png").exists() and (tmp_path / "watermark_lag.png").exists()
