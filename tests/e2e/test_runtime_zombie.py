@@ -2,12 +2,14 @@
 
 spark.speculation cannot be switched on in the running test session (and local[N] masters never
 speculate), so the zombie is emulated the way Spark would produce one: the same shard task of
-the same micro-batch (the same BatchPlan, built as `ComputationRunner.process_batch` builds
-it, and the same rows, routed by the driver's own `_route`) runs in two separate Python
-processes, like a task attempt and its speculative copy in two Python workers. The first
-attempt stalls inside user code after acquiring the shard; the copy acquires it (fencing the
-first), commits and delivers; then the first attempt wakes up. Its commit must write nothing,
-its productions must never be delivered, and state and output must equal ground truth.
+the same micro-batch (the same BatchPlan, built by the fused runner's own `_plan`, and the same
+rows, routed by its own `route`) runs in two separate Python processes, like a task attempt and
+its speculative copy in two Python workers. The first attempt stalls inside user code after
+acquiring the shard; the copy acquires it (fencing the first) and commits; the driver settles
+the copy's result; then the first attempt wakes up. Its commit must write nothing, and its
+re-acquire fences the copy's lease, so the driver's acknowledgement under it is refused and the
+checkpoints stay until the shard's next batch delivers and acknowledges them. State and output
+must equal ground truth, each output under one id.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from typing import Any
 import pytest
 
 from millstream import Computation, Context, FencedError, Record, Topology, json_field
-from millstream.connectors.driver import ComputationRunner, Endpoints, _route
-from millstream.connectors.plan import BatchPlan, TaskInput
+from millstream.connectors.fused import FusedRunner, _Done
+from millstream.connectors.plan import TaskInput
+from millstream.connectors.routing import route
 from millstream.connectors.shard_task import run_shard
+from millstream.connectors.targets import Endpoints
 from millstream.connectors.topics import ensure_topics
 from millstream.headers import HEADER_ID
 from millstream.injectors.sources import kafka_source
@@ -74,31 +78,9 @@ def _shard_worker(payload: bytes, role: str, results: Any) -> None:
     try:
         result = run_shard(plan, spec, shard, items)
     except Exception as exc:
-        results.put((role, "error", repr(exc), {}))
+        results.put((role, "error", repr(exc), {}, None))
     else:
-        results.put((role, "ok", result.fenced_retries, result.counters))
-
-
-def _batch_plan(runner: ComputationRunner, batch_id: int) -> BatchPlan:
-    """What `ComputationRunner.process_batch` sends to every shard task of a batch."""
-    input_wm = runner.input_watermark()
-    return BatchPlan(
-        app=runner.topology.app,
-        batch_id=batch_id,
-        redis_url=runner.endpoints.redis_url,
-        shards=runner.shards,
-        shard_config=runner.shard_config,
-        input_watermark=input_wm,
-        gc_watermark=input_wm.system - runner.settings.gc_slack_seconds * 1000,
-        now=now_ms(),
-        user_retries=runner.settings.user_retries,
-        fail_stop=runner.settings.on_user_error == "fail-stop",
-        internal_inputs=runner.internal_inputs,
-        deliveries=runner.deliveries,
-        in_flight_streams=frozenset(
-            s for s in runner.spec.outputs if runner.topology.consumers_of(s)
-        ),
-    )
+        results.put((role, "ok", result.fenced_retries, result.counters, result))
 
 
 def _injected_rows(messages: list[Any], stream: str, id_header: str) -> list[tuple]:
@@ -174,12 +156,18 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
     assert len(messages) == len(sent)
     truth = Counter(key for _, key in events)
 
-    # One micro-batch, planned and routed as the driver does it.
-    runner = ComputationRunner(topology, spec, settings, endpoints)
-    plan = _batch_plan(runner, batch_id=0)
+    # One micro-batch, planned and routed as the fused runner does it.
+    runner = FusedRunner(topology, settings, endpoints)
+    stage = runner.stages["counter"]
+
+    def plan_batch(batch_id: int) -> Any:
+        input_wm = runner._input_watermark(stage, runner._injected_watermarks(), {})
+        return runner._plan(stage, batch_id, input_wm, now_ms())
+
+    plan = plan_batch(0)
     by_shard: dict[int, list[TaskInput]] = {s: [] for s in range(SHARDS)}
     rows = _injected_rows(messages, "events", "eid")
-    for shard, item in _route(dict(spec.inputs), SHARDS, iter(rows)):
+    for shard, item in route(dict(spec.inputs), SHARDS, iter(rows)):
         by_shard[shard].append(item)
     victim = max(by_shard, key=lambda s: len(by_shard[s]))
     victim_keys = {item.key for item in by_shard[victim]}
@@ -199,13 +187,15 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
             time.sleep(0.05)
         assert int(redis_client.get(keys.sequencer)) == 1  # the first attempt holds the lease
 
-        # The speculative copy: acquires (fencing the stalled attempt), commits, delivers.
+        # The speculative copy: acquires (fencing the stalled attempt) and commits; the driver
+        # takes its result (Spark keeps the first attempt to finish).
         copy = context.Process(target=_shard_worker, args=(payload, "copy", results))
         copy.start()
         copy.join(60)
-        role, status, fenced_retries, counters = results.get(timeout=5)
+        role, status, fenced_retries, counters, copy_result = results.get(timeout=5)
         assert (role, status, fenced_retries) == ("copy", "ok", 0), (role, status, counters)
         assert counters["records"] == unique_in_victim
+        assert len(copy_result.outstanding) == unique_in_victim  # checkpointed, not yet acked
         state_after_copy = shard_states(redis_client, app_name, "counter", SHARDS)
         assert state_after_copy == {k: n for k, n in truth.items() if k in victim_keys}
         version_after_copy = int(redis_client.get(keys.version))
@@ -214,7 +204,7 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
         # The zombie wakes up with stale state in hand and tries to commit.
         redis_client.set(f"{gate}:release", 1)
         zombie.join(60)
-        role, status, fenced_retries, counters = results.get(timeout=5)
+        role, status, fenced_retries, counters, _ = results.get(timeout=5)
     finally:
         for process in (zombie,):
             if process.is_alive():
@@ -227,13 +217,30 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
     assert shard_states(redis_client, app_name, "counter", SHARDS) == state_after_copy
     # The re-run committed only its metrics; no state write came from the stale attempt.
     assert int(redis_client.get(keys.version)) == version_after_copy + 1
-    assert redis_client.hlen(keys.productions) == 0
+    assert redis_client.hlen(keys.productions) == unique_in_victim
+
+    # The driver settles the copy's result: delivered, but its lease was fenced by the zombie's
+    # re-acquire, so the acknowledgement is refused and the checkpoints stay.
+    settled = runner._deliver_and_acknowledge([_Done(stage, plan, copy_result)])
+    assert settled["counter"].get("acks_fenced") == 1, settled
+    assert redis_client.hlen(keys.productions) == unique_in_victim
 
     # The rest of the batch, by single owners: the whole state equals ground truth.
-    for shard in range(SHARDS):
-        if shard != victim:
-            run_shard(plan, spec, shard, by_shard[shard])
+    done = [
+        _Done(stage, plan, run_shard(plan, spec, shard, by_shard[shard]))
+        for shard in range(SHARDS)
+        if shard != victim
+    ]
+    runner._deliver_and_acknowledge(done)
     assert shard_states(redis_client, app_name, "counter", SHARDS) == dict(truth)
+    # The shard's next batch (no input: its pending checkpoints make it busy) delivers them
+    # again under the same ids and acknowledges them.
+    next_plan = plan_batch(1)
+    again = run_shard(next_plan, spec, victim, [])
+    assert len(again.outstanding) == unique_in_victim and again.redelivered == unique_in_victim
+    settled = runner._deliver_and_acknowledge([_Done(stage, next_plan, again)])
+    assert "acks_fenced" not in settled["counter"], settled
+    assert redis_client.hlen(keys.productions) == 0
     catalog = sum(
         redis_client.hlen(key)
         for shard in range(SHARDS)
@@ -241,9 +248,12 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
     )
     assert catalog == len(events)
 
-    # Output: one production per event, each delivered under one id, never a second version of
-    # the same logical output; per key the running counts are exactly 1..n.
-    output = read_topic(kafka_bootstrap, topology.topic_of("counts"), expected=len(events))
+    # Output: one production per event, each under one id (the victim's delivered twice with
+    # the same id and value: consumers drop the copy), never a second version of the same
+    # logical output; per key the running counts are exactly 1..n.
+    output = read_topic(
+        kafka_bootstrap, topology.topic_of("counts"), expected=len(events) + unique_in_victim
+    )
     by_id: dict[bytes, set[bytes]] = {}
     for message in output:
         by_id.setdefault(dict(message.headers())[HEADER_ID], set()).add(message.value())

@@ -1,8 +1,8 @@
 """Weak productions under a crash: delivered downstream, then SIGKILL before the commit.
 
-`tests/e2e/weak_target.py` (forward --weak--> tally) runs as `millstream run` (the
-per-computation queries: weak productions are delivered to the internal topic before the
-producer commits). A test-only fault point SIGKILLs every process of the pipeline right after a
+`tests/e2e/weak_target.py` (forward --weak--> topic --> tally) runs as `millstream run`: weak
+productions are delivered to the stream's topic before the producer commits, and tally reads
+that topic as an outside consumer would. A test-only fault point SIGKILLs every process of the pipeline right after a
 shard delivered its weak productions and before that shard committed. Restarted, the batch is
 replayed: `forward` runs the same records again and re-emits the same productions under the
 same deterministic ids (derived from the record id and the index), so `tally` drops the second

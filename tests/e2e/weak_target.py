@@ -1,9 +1,13 @@
 """A two-stage topology with weak productions (`tests.e2e.weak_target:topology`).
 
 `forward` (keyed by the input's `k`) counts each key and emits one weak production per input,
-`{"e": event id, "k": key}`, delivered to the internal stream before its own commit (MillWheel
-6.1.3); `tally` counts what arrives per key and per event (a second arrival of an event is
-recorded under "again"). Configured by the environment: WEAK_TARGET_TOPIC, MILLSTREAM_APP.
+`{"e": event id, "k": key}`, delivered to the stream's topic before its own commit (MillWheel
+6.1.3); `tally` reads that topic as a consumer outside the application would (an injected
+source with the productions' `ms-id` as record id) and counts what arrives per key and per
+event (a second arrival of an event is recorded under "again"). Inside one fused query weak
+productions to a consumer there are handed over after the commit, so reading the topic is
+where "delivered before the commit" shows. Configured by the environment: WEAK_TARGET_TOPIC,
+MILLSTREAM_APP.
 """
 
 from __future__ import annotations
@@ -46,5 +50,9 @@ def topology() -> Topology:
         "forward", Forward(), inputs={"input": by_k}, outputs=["forwarded"],
         productions="weak", shards=SHARDS,
     )  # fmt: skip
-    built.computation("tally", Tally(), inputs={"forwarded": by_k}, shards=SHARDS)
+    built.source(
+        "forwarded-topic", kafka_source(built.topic_of("forwarded"), id_header="ms-id"),
+        max_out_of_order_ms=10_000,
+    )  # fmt: skip
+    built.computation("tally", Tally(), inputs={"forwarded-topic": by_k}, shards=SHARDS)
     return built
