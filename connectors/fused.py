@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -54,6 +55,7 @@ from millstream.connectors.targets import TOPIC_TIMEOUT_S, Endpoints, InternalSt
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import ConfigurationError, FencedError, MillstreamError
 from millstream.fault_points import fault_point
+from millstream.injectors.kafka import read_batch
 from millstream.kafka_admin import check_topics, end_offsets
 from millstream.records import Production
 from millstream.settings import Settings, mask_url
@@ -154,6 +156,20 @@ def _fused_task(
             yield run_shard(plan, spec, shard, items)
 
 
+def _offset_log(path: Path) -> list[dict]:
+    """The source offsets of one entry of Spark's offset log ("v1", metadata, one line per
+    source); a source with no offset yet is "-"."""
+    lines = path.read_text().splitlines()
+    if not lines or lines[0] != "v1":
+        raise ValueError(f"{path}: not a v1 offset log entry")
+    out = []
+    for line in lines[2:]:
+        if line.strip() in ("", "-"):
+            raise ValueError(f"{path}: a source without an offset")
+        out.append(json.loads(line))
+    return out
+
+
 def _rows(table: Any) -> list[tuple]:
     """Arrow rows as the tuples the shard tasks read (headers as (key, value) pairs)."""
     if table.num_rows == 0:
@@ -215,6 +231,7 @@ class FusedRunner:
         self.authority = WatermarkAuthority(self.client, topology.app)
         self.stages = {name: self._stage(topology.computations[name]) for name in self.order}
         self.partitions: dict[str, int] = {}  # topic input -> its topic's partition count
+        self.sources: list[tuple[str, dict[str, str]]] = []  # read by the query, in order
         self.query: Any = None
         self.last_batch: dict[str, Any] = {}
         self._pool = ThreadPoolExecutor(DELIVERY_THREADS, thread_name_prefix="millstream-deliver")
@@ -315,21 +332,24 @@ class FusedRunner:
             raise ConfigurationError(
                 f"computations {self.order} read no injected stream: declare one with .source()"
             )
-        frames = []
+        sources: list[tuple[str, dict[str, str]]] = []  # (format, options), in union order
         for stream in streams:
             for src in self.topology.sources[stream]:
-                reader = spark.readStream.format(src.format).options(**src.options)
+                options = dict(src.options)
                 if src.format == "millstream-kafka":
-                    reader = self._kafka_options(reader)
-                frames.append(
-                    self._tick_options(reader.option("stream", stream))
-                    .option("instance", self._instance(src.name))
-                    .option("app", self.topology.app)
-                    .option("redis.url", self.endpoints.redis_url)
-                    .option("idleSlackMs", str(self.settings.idle_slack_ms))
-                    .option("outageGraceMs", str(self.settings.outage_grace_ms))
-                    .load()
+                    options.update(self._kafka_options())
+                options.update(self._tick_options())
+                options.update(
+                    {
+                        "stream": stream,
+                        "instance": self._instance(src.name),
+                        "app": self.topology.app,
+                        "redis.url": self.endpoints.redis_url,
+                        "idleSlackMs": str(self.settings.idle_slack_ms),
+                        "outageGraceMs": str(self.settings.outage_grace_ms),
+                    }
                 )
+                sources.append((src.format, options))
         for stream in topic_inputs:
             start = next(
                 (
@@ -339,28 +359,33 @@ class FusedRunner:
                 ),
                 "latest",
             )
-            reader = self._kafka_options(spark.readStream.format("millstream-kafka"))
-            frames.append(
-                self._tick_options(reader.option("stream", stream))
-                .option("topics", self.topology.topic_of(stream))
-                .option("startingOffsets", start)
-                .option("idHeader", "ms-id")
-                .load()
-            )
+            options = {
+                **self._kafka_options(),
+                **self._tick_options(),
+                "stream": stream,
+                "topics": self.topology.topic_of(stream),
+                "startingOffsets": start,
+                "idHeader": "ms-id",
+            }
+            sources.append(("millstream-kafka", options))
+        self.sources = sources
+        frames = [spark.readStream.format(fmt).options(**opts).load() for fmt, opts in sources]
         return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
-    def _kafka_options(self, reader: Any) -> Any:
+    def _kafka_options(self) -> dict[str, str]:
         kafka = dict(self.endpoints.kafka)
-        reader = reader.option("bootstrap.servers", kafka.pop("bootstrap.servers"))
-        reader = reader.option("maxFutureMs", str(self.settings.max_future_ms))
-        for key, value in kafka.items():
-            reader = reader.option(f"kafka.{key}", value)
-        return reader
+        options = {
+            "bootstrap.servers": kafka.pop("bootstrap.servers"),
+            "maxFutureMs": str(self.settings.max_future_ms),
+        }
+        options.update({f"kafka.{key}": value for key, value in kafka.items()})
+        return options
 
-    def _tick_options(self, reader: Any) -> Any:
-        return reader.option("tickMs", str(max(100, self.settings.trigger_ms))).option(
-            "maxRecordsPerTrigger", str(self.settings.max_records_per_batch)
-        )
+    def _tick_options(self) -> dict[str, str]:
+        return {
+            "tickMs": str(max(100, self.settings.trigger_ms)),
+            "maxRecordsPerTrigger": str(self.settings.max_records_per_batch),
+        }
 
     @property
     def checkpoint(self) -> str:
@@ -530,7 +555,7 @@ class FusedRunner:
         commit: `shard_task.run_shard`), publish and hand over; then deliver and acknowledge."""
         self._hold_while_backlogged(batch_id)
         started = time.perf_counter()
-        by_stream, rows = self._read(batch_df)
+        by_stream, rows = self._read(batch_df, batch_id)
         phases: dict[str, float] = {"read": round(time.perf_counter() - started, 4)}
         now = now_ms()
         injected = self._injected_watermarks()
@@ -548,7 +573,11 @@ class FusedRunner:
             self._record_consumed(stage, results)
             oldest = oldest_work(self.client, stage.keys(self.topology.app))
             published[name] = self.authority.publish(name, merge_min([input_wm, *oldest]))
-            done.extend(self._hand_over(stage, plan, results, handed))
+            handing = self._hand_over(stage, plan, results, handed)
+            if handing:
+                # This computation committed, the ones after it have not run yet.
+                fault_point(f"fused_after_stage_{name}")
+            done.extend(handing)
             stage.last_batch = self._stage_metrics(
                 stage, batch_id, input_wm, published[name], oldest, results, busy
             )
@@ -560,13 +589,53 @@ class FusedRunner:
         phases["deliver_ack"] = round(time.perf_counter() - delivery_started, 4)
         self._record(batch_id, delivery, time.perf_counter() - started, rows, phases)
 
-    def _read(self, batch_df: Any) -> tuple[dict[str, list[tuple]], int]:
-        """The batch's rows, brought to the driver once as Arrow, grouped by stream."""
+    def _read(self, batch_df: Any, batch_id: int) -> tuple[dict[str, list[tuple]], int]:
+        """The batch's rows in the driver, grouped by stream.
+
+        Kafka sources are read here, from the ranges Spark logged for the batch before running
+        it (its offset log), with the injector's own reader and warm consumers: the rows Spark
+        would produce, without a Python worker per partition, the round trip through the JVM
+        and the Arrow collection (0.8 s of a 1.25 s batch measured that way). Otherwise (a log
+        file source, batch 0, a checkpoint not on the local file system), Spark reads them and
+        they reach the driver once as Arrow.
+        """
+        logged = self._logged_offsets(batch_id)
+        if logged is None:
+            rows = _rows(batch_df.toArrow())
+        else:
+            rows = [
+                row
+                for (_fmt, options), (start, end) in zip(self.sources, logged, strict=True)
+                for batch in read_batch(options, start, end)
+                for row in _rows(batch)
+            ]
         by_stream: dict[str, list[tuple]] = {}
-        rows = _rows(batch_df.toArrow())
         for row in rows:
             by_stream.setdefault(row[0], []).append(row)
         return by_stream, len(rows)
+
+    def _logged_offsets(self, batch_id: int) -> list[tuple[dict, dict]] | None:
+        """Each source's (start, end) offsets of this batch from the query's offset log, when
+        every source is a Kafka injector and the log can be read here; else None."""
+        if batch_id == 0 or not self.settings.driver_read:
+            return None
+        if any(fmt != "millstream-kafka" for fmt, _ in self.sources):
+            return None
+        folder = Path(self.checkpoint.removeprefix("file:")) / "offsets"
+        try:
+            ends = _offset_log(folder / str(batch_id))
+            starts = _offset_log(folder / str(batch_id - 1))
+        except (OSError, ValueError) as exc:
+            log.debug("batch %s: offset log not readable here (%s); Spark reads", batch_id, exc)
+            return None
+        if len(ends) != len(self.sources) or len(starts) != len(self.sources):
+            return None
+        for (_fmt, options), end in zip(self.sources, ends, strict=True):
+            topics = set(options["topics"].split(",")) if "topics" in options else None
+            logged = {key.rsplit(":", 1)[0] for key in end.get("p", {})}
+            if topics is not None and not logged <= {t.strip() for t in topics}:
+                return None  # not the source this slot was built for: let Spark read
+        return list(zip(starts, ends, strict=True))
 
     def _hand_over(
         self,

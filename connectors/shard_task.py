@@ -1,10 +1,9 @@
-"""The executor side of DESIGN.md section 2, step 3: one shard of one micro-batch.
+"""The executor side of DESIGN.md section 2: one shard of one computation's part of a batch.
 
-acquire -> dedup -> run user code per key (records, then due timers) -> one guarded commit
--> deliver checkpointed productions -> acknowledge them in a second guarded commit. When the
-driver delivers (`BatchPlan.deliver_in_task` False) the task stops after the first commit and
-returns the checkpoints with its lease (`connectors/fused.py` hands them over, delivers and
-acknowledges them).
+`acquire` -> `dedup` -> `fire_timers` -> `run_records` -> `commit` (one guarded commit); the
+task returns its checkpointed productions with its lease, and the driver hands them over,
+delivers and acknowledges them (`connectors/fused.py`). Weak productions are delivered before
+the commit (`deliver_weak`).
 """
 
 from __future__ import annotations
@@ -288,16 +287,51 @@ def run_shard(
 def _run_once(
     plan: BatchPlan, spec: ComputationSpec, store: ShardStore, items: list[TaskInput]
 ) -> ShardResult:
+    """DESIGN.md section 2 for one shard, one step a function."""
     result = ShardResult(shard=store.keys.shard)
+    pending = acquire(store)
+    _note_positions(result, items)
+    fresh = dedup(plan, spec, store, items)
+    keys_needed = [r.key for i, r in fresh if i.error is None]
+    states, due = store.load(keys_needed, plan.input_watermark.event, plan.now)
+    runner = _KeyRunner(plan, spec, dict(states))
+    txn = store.begin(plan.batch_id)
+    fire_timers(plan, spec, runner, txn, due)
+    run_records(plan, spec, runner, txn, fresh)
+    deliver_weak(plan, spec, store, runner, txn)
+    commit(store, txn, runner, fresh, plan.gc_watermark)
+    fault_point(f"after_commit_{spec.name}")  # committed, nothing returned to the driver yet
+    outstanding = {p.id: p for p in [*pending, *txn.productions]}
+    if outstanding and not plan.deliver_in_task:
+        # The driver hands these over, delivers and acknowledges them under this lease.
+        result.outstanding = sorted(outstanding.values(), key=lambda p: p.seq)
+        result.redelivered = len(pending)
+        result.lease = store.position()
+    elif outstanding:
+        deliver_and_acknowledge(plan, spec, store, runner, list(outstanding.values()), pending)
+    result.counters = runner.counters
+    return result
+
+
+def acquire(store: ShardStore) -> list[Production]:
+    """1. Take the shard's lease (fencing any older owner); its pending checkpoints."""
     store.acquire()
-    pending = store.pending_productions()
-    records = [to_record(i, plan.internal_inputs) for i in items]
+    return store.pending_productions()
+
+
+def _note_positions(result: ShardResult, items: list[TaskInput]) -> None:
+    """The next offset per input partition read past (consumed offsets of topic inputs)."""
     for item in items:
         row = item.row
         by_partition = result.consumed.setdefault(row[STREAM], {})
         by_partition[row[PARTITION]] = max(by_partition.get(row[PARTITION], 0), row[OFFSET] + 1)
 
-    # 2. dedup
+
+def dedup(
+    plan: BatchPlan, spec: ComputationSpec, store: ShardStore, items: list[TaskInput]
+) -> list[tuple[TaskInput, Record]]:
+    """2. The records not applied before (Bloom filter, then the catalog): the fresh ones."""
+    records = [to_record(i, plan.internal_inputs) for i in items]
     if spec.options.exactly_once and records:
         verdicts = store.dedup(
             [(r.id, r.system_time, _position(i.row)) for i, r in zip(items, records, strict=True)],
@@ -305,20 +339,18 @@ def _run_once(
         )
     else:
         verdicts = [Verdict.NEW] * len(records)
+    return [(i, r) for i, r, v in zip(items, records, verdicts, strict=True) if v is Verdict.NEW]
 
-    # 3. user code
-    wm = plan.input_watermark.event
-    fresh = [(i, r) for i, r, v in zip(items, records, verdicts, strict=True) if v is Verdict.NEW]
-    keys_needed = [r.key for i, r in fresh if i.error is None]
-    states, due = store.load(keys_needed, wm, plan.now)
-    states = dict(states)
-    runner = _KeyRunner(plan, spec, states)
-    txn = store.begin(plan.batch_id)
-    # Due timers fire first: each has time <= W (the batch's input watermark) while every
-    # on-time record of the batch has timestamp >= W, so in event time the timers come first.
+
+def fire_timers(
+    plan: BatchPlan, spec: ComputationSpec, runner: _KeyRunner, txn: Any, due: list[Timer]
+) -> None:
+    """3. Due timers, before the records: each has time <= W (the batch's input watermark)
+    while every on-time record of the batch has timestamp >= W, so in event time they come
+    first. A timer an earlier firing of this batch moved or deleted does not fire."""
     for timer in firing_order(due):
         if txn.has_timer_op(timer.key, timer.tag):
-            continue  # an earlier firing of this batch moved or deleted it
+            continue
         txn.delete_timer(timer.key, timer.tag)
         outcome = runner.call(timer.key, spec.computation.process_timer, timer)
         if isinstance(outcome, Exception):
@@ -343,6 +375,17 @@ def _run_once(
             _apply(txn, runner, timer.key, outcome)
             runner.count("timers_fired")
 
+
+def run_records(
+    plan: BatchPlan,
+    spec: ComputationSpec,
+    runner: _KeyRunner,
+    txn: Any,
+    fresh: list[tuple[TaskInput, Record]],
+) -> None:
+    """4. User code per fresh record; bad input and user errors become dead letters, late
+    records are counted (then dropped or flagged)."""
+    wm = plan.input_watermark.event
     for item, record in fresh:
         error = item.error if item.error is not None else _rejected(plan, item.row)
         if error is not None:
@@ -368,23 +411,37 @@ def _run_once(
             _apply(txn, runner, record.key, outcome)
             runner.count("records")
 
-    # Weak productions: delivered now, before the commit; only stragglers are checkpointed.
-    if runner.weak:
-        try:
-            deliver_all(plan, spec.name, store.keys.shard, runner.weak)
-            runner.count("weak_delivered", len(runner.weak))
-            fault_point("after_weak_delivery")  # delivered downstream, nothing committed here
-        except ConfigurationError:
-            raise
-        except (MillstreamError, KafkaException) as exc:
-            log.warning("shard %s: weak delivery failed, checkpointing: %s", store.keys.tag, exc)
-            for production in runner.weak:
-                txn.checkpoint(production)
-            runner.count("weak_stragglers", len(runner.weak))
 
-    # 4. commit
+def deliver_weak(
+    plan: BatchPlan, spec: ComputationSpec, store: ShardStore, runner: _KeyRunner, txn: Any
+) -> None:
+    """Weak productions: delivered now, before the commit; only stragglers are checkpointed."""
+    if not runner.weak:
+        return
+    try:
+        deliver_all(plan, spec.name, store.keys.shard, runner.weak)
+        runner.count("weak_delivered", len(runner.weak))
+        fault_point("after_weak_delivery")  # delivered downstream, nothing committed here
+    except ConfigurationError:
+        raise
+    except (MillstreamError, KafkaException) as exc:
+        log.warning("shard %s: weak delivery failed, checkpointing: %s", store.keys.tag, exc)
+        for production in runner.weak:
+            txn.checkpoint(production)
+        runner.count("weak_stragglers", len(runner.weak))
+
+
+def commit(
+    store: ShardStore,
+    txn: Any,
+    runner: _KeyRunner,
+    fresh: list[tuple[TaskInput, Record]],
+    gc_watermark: int,
+) -> None:
+    """5. One guarded commit: state, timers, record ids, checkpoints and counters, or nothing
+    (FencedError when a newer owner holds the lease)."""
     txn.add_ids([(store.bucket_of(r.system_time), r.id, _position(i.row)) for i, r in fresh])
-    drop = store.gc_buckets(plan.gc_watermark)
+    drop = store.gc_buckets(gc_watermark)
     if drop:
         txn.drop_buckets(drop)
     stats = store.dedup_stats
@@ -400,32 +457,32 @@ def _run_once(
     if not txn.is_empty():
         store.commit(txn)
 
-    # 5. deliver, then 6. acknowledge
-    outstanding = {p.id: p for p in [*pending, *txn.productions]}
-    if outstanding and not plan.deliver_in_task:
-        result.outstanding = sorted(outstanding.values(), key=lambda p: p.seq)
-        result.redelivered = len(pending)
-        result.lease = store.position()
-    elif outstanding:
-        try:
-            delivered = deliver_all(plan, spec.name, store.keys.shard, list(outstanding.values()))
-        except ConfigurationError:
-            raise
-        except (MillstreamError, KafkaException) as exc:
-            # The checkpoints stay: the shard's next batch (or next owner) delivers them again,
-            # and they hold the watermark meanwhile. Nothing is lost, nothing is doubled.
-            log.warning("shard %s: delivery failed, will retry: %s", store.keys.tag, exc)
-            runner.count("delivery_failures")
-            result.counters = runner.counters
-            return result
-        ack = store.begin()
-        ack.ack(delivered)
-        ack.count("delivered", len(delivered))
-        store.commit(ack)
-        runner.count("delivered", len(delivered))
-        runner.count("redelivered", len(pending))
-    result.counters = runner.counters
-    return result
+
+def deliver_and_acknowledge(
+    plan: BatchPlan,
+    spec: ComputationSpec,
+    store: ShardStore,
+    runner: _KeyRunner,
+    outstanding: list[Production],
+    pending: list[Production],
+) -> None:
+    """Delivery from the task itself (`BatchPlan.deliver_in_task`): deliver, then acknowledge
+    in a second guarded commit. A failed delivery leaves the checkpoints: the shard's next
+    batch (or next owner) delivers them again, and they hold the watermark meanwhile."""
+    try:
+        delivered = deliver_all(plan, spec.name, store.keys.shard, outstanding)
+    except ConfigurationError:
+        raise
+    except (MillstreamError, KafkaException) as exc:
+        log.warning("shard %s: delivery failed, will retry: %s", store.keys.tag, exc)
+        runner.count("delivery_failures")
+        return
+    ack = store.begin()
+    ack.ack(delivered)
+    ack.count("delivered", len(delivered))
+    store.commit(ack)
+    runner.count("delivered", len(delivered))
+    runner.count("redelivered", len(pending))
 
 
 def _random_id() -> bytes:

@@ -17,7 +17,7 @@ estimation rule), `_kafka_offsets` (the offset format, admission control, record
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -48,6 +48,29 @@ from millstream.state.watermarks import Watermark, WatermarkAuthority
 __all__ = ["OPTIONS", "KafkaInjector", "KafkaRange", "KafkaStreamReader", "options_from_settings"]
 
 log = logging.getLogger(__name__)
+
+
+def batch_ranges(start: Mapping[str, Any], end: Mapping[str, Any]) -> list[KafkaRange]:
+    """The Kafka ranges of a micro-batch from `start` to `end` (offset JSON as Spark logs it):
+    one per partition with records in [start, end)."""
+    first = InjectorOffset.from_json(start).positions
+    last = InjectorOffset.from_json(end).positions
+    return [
+        KafkaRange(topic, partition, first.get((topic, partition), stop), stop)
+        for (topic, partition), stop in sorted(last.items())
+        if stop > first.get((topic, partition), stop)
+    ]
+
+
+def read_batch(
+    options: Mapping[str, str], start: Mapping[str, Any], end: Mapping[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """A micro-batch's records read where this is called (the fused runtime's driver), with
+    the same rows, ids and errors as the source's Spark tasks would produce: `read_range` on
+    each of `batch_ranges`. The process keeps its consumers warm between batches."""
+    parsed = KafkaInjectorOptions.parse(options)
+    for part in batch_ranges(start, end):
+        yield from read_range(parsed, part)
 
 
 class KafkaInjector(DataSource):
@@ -126,13 +149,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """One task per partition with records in [start, end); empty ranges get no task."""
-        first = InjectorOffset.from_json(start).positions
-        last = InjectorOffset.from_json(end).positions
-        return [
-            KafkaRange(topic, partition, first.get((topic, partition), stop), stop)
-            for (topic, partition), stop in sorted(last.items())
-            if stop > first.get((topic, partition), stop)
-        ]
+        return batch_ranges(start, end)
 
     def commit(self, end: dict[str, Any]) -> None:
         """The batch up to `end` is processed: publish the watermark stored in `end`."""

@@ -74,9 +74,15 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "in the driver instead of a Spark job (about 0.2 s less per stage); 0: always Spark.",
     ),
     (
+        "MILLSTREAM_DRIVER_READ",
+        "on",
+        "on: the driver reads each batch's Kafka ranges itself (Spark's offset log says which) "
+        "with warm consumers; off: Spark tasks read them and the rows are collected as Arrow.",
+    ),
+    (
         "MILLSTREAM_QUERY_RESTARTS",
         "3",
-        "Restarts of a failed computation query (from its checkpoint) within 10 minutes.",
+        "Restarts of a failed query (from its checkpoint) within 10 minutes.",
     ),
     (
         "MILLSTREAM_EMBEDDED",
@@ -246,6 +252,7 @@ class Settings:
     on_user_error: str = "dead-letter"
     query_restarts: int = 3
     small_batch_rows: int = 2000
+    driver_read: bool = True
     embedded: str = "auto"
     state_dir: str = ".millstream"
     metrics_port: int | None = None
@@ -369,6 +376,10 @@ class Settings:
                 _bounded_int(0, 10_000_000),
                 "an integer 0-10000000",
             ),
+            driver_read=_parse(
+                env, "MILLSTREAM_DRIVER_READ", "on", _choice("on", "off"), "on or off"
+            )
+            == "on",
             embedded=_parse(
                 env,
                 "MILLSTREAM_EMBEDDED",

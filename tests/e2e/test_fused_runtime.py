@@ -119,3 +119,161 @@ def test_sigkill_after_consumers_commit_before_acknowledgement(
     # Nothing between the two computations went through Kafka.
     listed = producer.list_topics(timeout=10).topics
     assert f"{app}.windows" not in listed
+
+
+def test_sigkill_in_the_middle_of_a_three_stage_batch(
+    redis_url: str,
+    redis_client: Any,
+    redis_namespace: str,
+    kafka_bootstrap: str,
+    kafka_topic_factory: Any,
+    tmp_path: Path,
+) -> None:
+    """count -> relay -> collector in one query; SIGKILL after `relay` committed (its input
+    handed over by `count` in the same batch) and before `collector` ran. Restarted, `count`'s
+    pending checkpoints reach `relay` again (dropped as replays) and `relay`'s reach `collector`
+    for the first time: every event at every stage exactly once, against ground truth."""
+    import json
+    import random
+    from collections import Counter
+
+    from tests.e2e.chain_target import SHARDS as CHAIN_SHARDS
+
+    app = redis_namespace
+    topic = kafka_topic_factory(partitions=2)
+    rng = random.Random(1603)
+    crash_file = tmp_path / "crash-points"
+    base = pipeline_env(redis_url, kafka_bootstrap, app, tmp_path, CHAIN_TARGET_TOPIC=topic)
+    crashing = {
+        **base,
+        "MILLSTREAM_TEST_CRASH_AT": "fused_after_stage_relay:2",
+        "MILLSTREAM_TEST_CRASH_FILE": str(crash_file),
+    }
+    pipeline = PipelineProcess.run_target(
+        "tests.e2e.chain_target:topology", crashing, tmp_path / "pipeline.log", cwd=ROOT
+    )
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    events: list[tuple[str, str]] = []
+
+    def send(n: int) -> None:
+        for i in range(len(events), len(events) + n):
+            key = f"k{rng.randrange(6)}"
+            events.append((f"e{i}", key))
+            producer.produce(
+                topic, key=key, value=json.dumps({"e": f"e{i}", "k": key}),
+                headers=[("id", f"e{i}".encode())], partition=rng.randrange(2),
+            )  # fmt: skip
+        assert producer.flush(10) == 0
+
+    def collected() -> int:
+        states = shard_states(redis_client, app, "collector", CHAIN_SHARDS)
+        return sum(len(s["events"]) for s in states.values())
+
+    pipeline.start()
+    try:
+        deadline = time.monotonic() + 240
+        while pipeline.alive():
+            assert time.monotonic() < deadline, f"no crash:\n{pipeline.log_tail()}"
+            send(20)
+            time.sleep(1.0)
+        assert pipeline.wait_exit(10) == -9, pipeline.log_tail()
+        hits = crash_file.read_text().splitlines()
+        assert hits[-1] == "CRASH fused_after_stage_relay 2", hits
+        relay_pending = sum(
+            redis_client.hlen(ShardKeys(app, "relay", s).productions) for s in range(CHAIN_SHARDS)
+        )
+        assert relay_pending, "relay's productions of the killed batch are not checkpointed"
+        send(40)
+        pipeline.start(base)  # no crash point this time
+        pipeline.wait_for(lambda: collected() >= len(events), 180, f"{len(events)} collected")
+        time.sleep(2.0)  # a (wrong) extra hand-over would land by now
+    finally:
+        pipeline.stop(30)
+
+    truth = Counter(key for _, key in events)
+    counts = shard_states(redis_client, app, "count", CHAIN_SHARDS)
+    assert counts == dict(truth)
+    states = shard_states(redis_client, app, "collector", CHAIN_SHARDS)
+    assert all(s["again"] == [] for s in states.values()), "an event reached collector twice"
+    assert {k: sorted(s["events"]) for k, s in states.items()} == {
+        k: sorted(e for e, key in events if key == k) for k in truth
+    }
+    relay = committed_counters(redis_client, app, "relay", CHAIN_SHARDS)
+    assert relay.get("records") == len(events), relay
+    assert relay.get("replays", 0) >= 1, relay  # count's checkpoints came again, dropped
+    for comp in ("count", "relay"):
+        left = sum(redis_client.hlen(ShardKeys(app, comp, s).productions) for s in range(SHARDS))
+        assert left == 0, f"{comp}: {left} checkpoints never acknowledged"
+
+
+def test_a_spark_task_retry_of_a_consumer_stage_applies_nothing_twice(
+    redis_url: str,
+    redis_client: Any,
+    redis_namespace: str,
+    kafka_bootstrap: str,
+    kafka_topic_factory: Any,
+    tmp_path: Path,
+) -> None:
+    """count -> relay -> collector with shard work in Spark tasks and a master that retries
+    tasks (local[2,2]). One of relay's shard tasks dies right after its commit (its Python
+    worker exits): Spark runs the task again in the same batch, which finds its records
+    applied (replays) and returns the committed productions for the hand-over. No query
+    restart; every event at every stage exactly once, against ground truth."""
+    import json
+    import random
+    from collections import Counter
+
+    from tests.e2e.chain_target import SHARDS as CHAIN_SHARDS
+
+    app = redis_namespace
+    topic = kafka_topic_factory(partitions=2)
+    rng = random.Random(1604)
+    marker = tmp_path / "task-retried"
+    env = pipeline_env(
+        redis_url,
+        kafka_bootstrap,
+        app,
+        tmp_path,
+        CHAIN_TARGET_TOPIC=topic,
+        MILLSTREAM_SPARK_MASTER="local[2,2]",
+        MILLSTREAM_SMALL_BATCH_ROWS="0",
+        MILLSTREAM_QUERY_RESTARTS="0",
+        MILLSTREAM_TEST_FAULT_HOOK="tests.e2e.task_retry_hook:hook",
+        TASK_RETRY_COMPUTATION="relay",
+        TASK_RETRY_MARKER=str(marker),
+    )
+    pipeline = PipelineProcess.run_target(
+        "tests.e2e.chain_target:topology", env, tmp_path / "pipeline.log", cwd=ROOT
+    )
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    events: list[tuple[str, str]] = []
+    for i in range(300):
+        key = f"k{rng.randrange(6)}"
+        events.append((f"e{i}", key))
+        producer.produce(
+            topic, key=key, value=json.dumps({"e": f"e{i}", "k": key}),
+            headers=[("id", f"e{i}".encode())], partition=rng.randrange(2),
+        )  # fmt: skip
+    assert producer.flush(10) == 0
+
+    def collected() -> int:
+        states = shard_states(redis_client, app, "collector", CHAIN_SHARDS)
+        return sum(len(s["events"]) for s in states.values())
+
+    pipeline.start()
+    try:
+        pipeline.wait_for(lambda: collected() >= len(events), 240, f"{len(events)} collected")
+        time.sleep(2.0)  # a (wrong) extra hand-over would land by now
+        assert pipeline.alive(), pipeline.log_tail()  # no query failure: the task was retried
+    finally:
+        pipeline.stop(30)
+    assert marker.exists(), "no relay task died after its commit"
+
+    truth = Counter(key for _, key in events)
+    assert shard_states(redis_client, app, "count", CHAIN_SHARDS) == dict(truth)
+    states = shard_states(redis_client, app, "collector", CHAIN_SHARDS)
+    assert all(s["again"] == [] for s in states.values()), "an event reached collector twice"
+    assert sum(len(s["events"]) for s in states.values()) == len(events)
+    relay = committed_counters(redis_client, app, "relay", CHAIN_SHARDS)
+    assert relay.get("records") == len(events), relay
+    assert relay.get("replays", 0) >= 1, relay  # the retry found the dead attempt's records

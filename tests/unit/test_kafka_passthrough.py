@@ -102,7 +102,7 @@ def test_injector_options_reach_the_executor_consumers(ends: Endpoints) -> None:
     """Driver -> `millstream-kafka` options -> parsed on the executor -> librdkafka config."""
     runner = SimpleNamespace(endpoints=ends, settings=Settings.from_env(ENV))
     reader = RecordingReader()
-    FusedRunner._kafka_options(runner, reader)  # type: ignore[arg-type]
+    reader.options.update(FusedRunner._kafka_options(runner))  # type: ignore[arg-type]
     assert reader.options["bootstrap.servers"] == BOOTSTRAP
     assert {k: reader.options.get(f"kafka.{k}") for k in SECURITY} == SECURITY
 

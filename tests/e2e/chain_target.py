@@ -1,0 +1,56 @@
+"""A three-stage chain for the fused runtime's crash tests (`tests.e2e.chain_target:topology`).
+
+`count` (keyed by the input's `k`) counts each key's events and hands every event on to `relay`,
+which hands it on to `collector`; `collector` keeps, per key, the events it saw (a second
+arrival is recorded under "again"), so exactly-once is checked from its state. Everything runs
+in one fused query: both hand-overs happen inside each micro-batch. Configured by the
+environment: CHAIN_TARGET_TOPIC, MILLSTREAM_APP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from millstream import Computation, Context, Record, Topology, json_field, kafka_source
+
+SHARDS = 2
+
+
+class Count(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_state(ctx.get_state(0) + 1)
+        ctx.produce("counted", ctx.key, record.value)
+
+
+class Relay(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("relayed", ctx.key, record.value)
+
+
+class Collector(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        event = json.loads(record.value)["e"]
+        state = ctx.get_state({"events": [], "again": []})
+        if event in state["events"]:
+            state["again"].append(event)
+        else:
+            state["events"].append(event)
+        ctx.set_state(state)
+
+
+def topology() -> Topology:
+    built = Topology(os.environ["MILLSTREAM_APP"])
+    built.source(
+        "input", kafka_source(os.environ["CHAIN_TARGET_TOPIC"], id_header="id"),
+        max_out_of_order_ms=10_000,
+    )  # fmt: skip
+    by_k = json_field("k")
+    built.computation(
+        "count", Count(), inputs={"input": by_k}, outputs=["counted"], shards=SHARDS
+    )  # fmt: skip
+    built.computation(
+        "relay", Relay(), inputs={"counted": by_k}, outputs=["relayed"], shards=SHARDS
+    )  # fmt: skip
+    built.computation("collector", Collector(), inputs={"relayed": by_k}, shards=SHARDS)
+    return built
