@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from millstream.state.client import RedisClient
 from millstream.state.keys import ShardKeys
 
 
@@ -18,6 +19,6 @@ class Lease:
     token: int
 
 
-def acquire(client: object, keys: ShardKeys) -> Lease:
+def acquire(client: RedisClient, keys: ShardKeys) -> Lease:
     """Take the shard: every older owner is fenced from now on (no waiting for a timeout)."""
-    return Lease(keys, int(client.incr(keys.sequencer)))  # type: ignore[attr-defined]
+    return Lease(keys, int(client.incr(keys.sequencer)))

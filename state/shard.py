@@ -11,10 +11,12 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import cast
 
 from millstream.records import Production, TimeDomain, Timer
 from millstream.state import _codec
 from millstream.state.bloom import BucketedBloom
+from millstream.state.client import RedisClient
 from millstream.state.keys import ShardKeys
 from millstream.state.lease import Lease
 from millstream.state.timers import parse_timer
@@ -91,7 +93,7 @@ class ShardStore:
 
     def __init__(
         self,
-        client: object,
+        client: RedisClient,
         keys: ShardKeys,
         config: ShardConfig | None = None,
         cache: SoftStateCache | None = PROCESS_CACHE,
@@ -112,7 +114,7 @@ class ShardStore:
     # --- 1. acquire ---------------------------------------------------------------------------
     def acquire(self) -> Lease:
         """Take the shard (fencing older owners) and make this process's soft state current."""
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+        pipe = self.client.pipeline(transaction=False)
         pipe.incr(self.keys.sequencer)
         pipe.get(self.keys.version)
         pipe.get(self.keys.production_seq)
@@ -143,10 +145,11 @@ class ShardStore:
             return soft
         if soft is not None and 0 < self._version - soft.version <= COMMIT_LOG_KEEP:
             versions = [str(v) for v in range(soft.version + 1, self._version + 1)]
-            entries = self.client.hmget(self.keys.commit_log, versions)  # type: ignore[attr-defined]
+            entries = cast(list[bytes | None], self.client.hmget(self.keys.commit_log, versions))
             self.round_trips += 1
             if all(e is not None for e in entries):
                 for entry in entries:
+                    assert entry is not None
                     ids_blob, keys_blob = _codec.unpack(entry)
                     bucketed = [
                         (int.from_bytes(x[:8], "big", signed=True), x[8:])
@@ -167,7 +170,7 @@ class ShardStore:
         soft = ShardSoftState(version=self._version, bloom=self._new_bloom())
         soft.rebuilds = (old.rebuilds if old else 0) + 1
         if soft.bloom is not None and self._live_buckets:
-            pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+            pipe = self.client.pipeline(transaction=False)
             for bucket in self._live_buckets:
                 pipe.hkeys(self.keys.catalog(bucket))
             for bucket, members in zip(self._live_buckets, pipe.execute(), strict=True):
@@ -223,7 +226,7 @@ class ShardStore:
             for bucket in buckets:
                 by_bucket.setdefault(bucket, []).append(index)
         if by_bucket:
-            pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+            pipe = self.client.pipeline(transaction=False)
             order = list(by_bucket.items())
             for bucket, indexes in order:
                 pipe.hmget(self.keys.catalog(bucket), [records[i][0] for i in indexes])
@@ -251,7 +254,7 @@ class ShardStore:
         """States of `keys` (cached where current) and timers due at the watermark and clock."""
         _, soft = self._require_lease()
         wanted = [k for k in dict.fromkeys(keys) if k not in soft.states]
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+        pipe = self.client.pipeline(transaction=False)
         pipe.zrangebyscore(self.keys.timers("event"), "-inf", event_watermark, withscores=True)
         pipe.zrangebyscore(self.keys.timers("wall"), "-inf", now, withscores=True)
         # A hold is never after its timer's time: every due event timer's hold is in range.
@@ -269,7 +272,7 @@ class ShardStore:
             soft.states.update(zip(wanted, results[3], strict=True))
         timer_keys = [t.key for t in timers if t.key not in soft.states]
         if timer_keys:
-            values = self.client.hmget(self.keys.state, timer_keys)  # type: ignore[attr-defined]
+            values = cast(list[bytes | None], self.client.hmget(self.keys.state, timer_keys))
             self.round_trips += 1
             soft.states.update(zip(timer_keys, values, strict=True))
         return soft.states, timers
@@ -278,7 +281,7 @@ class ShardStore:
         """Checkpointed productions not yet acknowledged (a crashed owner's, re-delivered now)."""
         if not self._pending_count:
             return []
-        raw = self.client.hvals(self.keys.productions)  # type: ignore[attr-defined]
+        raw = cast(list[bytes], self.client.hvals(self.keys.productions))
         self.round_trips += 1
         return sorted((decode_production(b) for b in raw), key=lambda p: p.seq)
 
@@ -302,7 +305,7 @@ class ShardStore:
 
     def last_committed_batch(self) -> int | None:
         """The micro-batch of the shard's last committed effects, None if never recorded."""
-        raw = self.client.get(self.keys.last_batch)  # type: ignore[attr-defined]
+        raw = self.client.get(self.keys.last_batch)
         self.round_trips += 1
         return None if raw is None else int(raw)
 
@@ -326,13 +329,13 @@ class ShardStore:
         return version
 
 
-def oldest_work(client: object, keys_list: Sequence[ShardKeys]) -> list[Watermark]:
+def oldest_work(client: RedisClient, keys_list: Sequence[ShardKeys]) -> list[Watermark]:
     """Each shard's oldest work: its earliest event-time timer or watermark hold, and its oldest
     pending production.
 
     Derived from data only lease-guarded commits write, so a stale owner cannot move it.
     """
-    pipe = client.pipeline(transaction=False)  # type: ignore[attr-defined]
+    pipe = client.pipeline(transaction=False)
     for keys in keys_list:
         pipe.zrange(keys.timers("event"), 0, 0, withscores=True)
         pipe.zrange(keys.timer_holds, 0, 0, withscores=True)
@@ -351,7 +354,7 @@ def oldest_work(client: object, keys_list: Sequence[ShardKeys]) -> list[Watermar
 
 
 def acknowledge(
-    client: object,
+    client: RedisClient,
     keys: ShardKeys,
     position: tuple[int, int, int],
     delivered: Sequence[Production],
