@@ -16,9 +16,9 @@ from typing import cast
 from millstream.records import Production, TimeDomain, Timer
 from millstream.state import _codec
 from millstream.state.bloom import BucketedBloom
-from millstream.state.client import RedisClient
+from millstream.state.client import RedisClient, RedisPipeline
 from millstream.state.keys import ShardKeys
-from millstream.state.lease import Lease
+from millstream.state.lease import Lease, Position, acquire_and_read
 from millstream.state.timers import parse_timer
 from millstream.state.transaction import COMMIT_LOG_KEEP, ShardTransaction
 from millstream.state.watermarks import NO_WORK, Watermark
@@ -114,15 +114,17 @@ class ShardStore:
     # --- 1. acquire ---------------------------------------------------------------------------
     def acquire(self) -> Lease:
         """Take the shard (fencing older owners) and make this process's soft state current."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.incr(self.keys.sequencer)
-        pipe.get(self.keys.version)
-        pipe.get(self.keys.production_seq)
-        pipe.zrange(self.keys.buckets, 0, -1, withscores=True)
-        pipe.zcard(self.keys.production_times)
-        token, version, seq, buckets, pending = pipe.execute()
+        keys = self.keys
+
+        def reads(pipe: RedisPipeline) -> None:
+            pipe.get(keys.version)
+            pipe.get(keys.production_seq)
+            pipe.zrange(keys.buckets, 0, -1, withscores=True)
+            pipe.zcard(keys.production_times)
+
+        self.lease, replies = acquire_and_read(self.client, keys, reads)
+        version, seq, buckets, pending = replies
         self.round_trips += 1
-        self.lease = Lease(self.keys, int(token))
         self._version = int(version or 0)
         self._next_seq = int(seq or 0)
         self._live_buckets = sorted(int(score) for _, score in buckets)
@@ -291,9 +293,9 @@ class ShardStore:
         return [b for b in self._live_buckets if (b + 1) * bucket_ms <= gc_watermark]
 
     # --- 4. commit ----------------------------------------------------------------------------
-    def position(self) -> tuple[int, int, int]:
-        """(lease token, version, next production seq): enough for another process to commit
-        the acknowledgement of this owner's deliveries under its lease (`acknowledge`)."""
+    def position(self) -> Position:
+        """This owner's lease token, version and next production seq: enough for another process
+        to commit the acknowledgement of this owner's deliveries under its lease (`acknowledge`)."""
         lease, _ = self._require_lease()
         return lease.token, self._version, self._next_seq
 
@@ -356,7 +358,7 @@ def oldest_work(client: RedisClient, keys_list: Sequence[ShardKeys]) -> list[Wat
 def acknowledge(
     client: RedisClient,
     keys: ShardKeys,
-    position: tuple[int, int, int],
+    position: Position,
     delivered: Sequence[Production],
     counters: dict[str, int],
 ) -> int:

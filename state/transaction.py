@@ -13,7 +13,7 @@ from millstream.errors import FencedError, TransientError
 from millstream.records import Production, TimeDomain
 from millstream.state import _codec
 from millstream.state.client import RedisClient, RedisPipeline
-from millstream.state.lease import Lease
+from millstream.state.lease import Lease, guarded
 from millstream.state.timers import timer_member
 from millstream.state.wire import encode_production
 
@@ -169,7 +169,8 @@ class ShardTransaction:
         """Apply every buffered effect atomically, or nothing; returns the shard's new version.
 
         1. WATCH the shard's sequencer and check it still holds this lease's token; a newer
-           token means a newer owner: raise FencedError (never retried).
+           token means a newer owner: raise FencedError (never retried). Steps 1 and 3 are
+           `lease.guarded`.
         2. MULTI: state writes and deletes, timer sets and deletes, catalog ids per bucket and
            the live-bucket index, checkpointed productions with their seq, acknowledged
            checkpoints removed, dropped buckets, metrics, the commit-log entry and version.
@@ -179,24 +180,11 @@ class ShardTransaction:
         keys = self.lease.keys
         version = self._base_version + 1
         try:
-            with self._client.pipeline(transaction=True) as pipe:
-                pipe.watch(keys.sequencer)
-                current = pipe.get(keys.sequencer)
-                if current is None or int(current) != self.lease.token:
-                    self.status = TransactionStatus.FENCED
-                    raise FencedError(
-                        f"shard {keys.tag} lease moved to token {current!r}; "
-                        f"this owner holds {self.lease.token}: its commit is discarded"
-                    )
-                pipe.multi()
+            with guarded(self._client, self.lease) as pipe:
                 self._queue(pipe, version)
                 pipe.execute()
-        except redis.WatchError:
-            self.status = TransactionStatus.FENCED
-            raise FencedError(
-                f"shard {keys.tag} was acquired by a newer owner during commit; discarded"
-            ) from None
         except FencedError:
+            self.status = TransactionStatus.FENCED
             raise
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.status = TransactionStatus.FAILED
