@@ -12,6 +12,8 @@ from redis.typing import EncodableT, FieldT
 from millstream.errors import FencedError, TransientError
 from millstream.records import Production, TimeDomain
 from millstream.state import _codec
+from millstream.state.catalog import pack_ids
+from millstream.state.catalog import queue_writes as queue_catalog_writes
 from millstream.state.client import RedisClient, RedisPipeline
 from millstream.state.lease import Lease, guarded
 from millstream.state.timers import timer_member
@@ -216,16 +218,7 @@ class ShardTransaction:
                 pipe.zadd(keys.timer_holds, {member: spec[2]})
             else:  # deleted, fired, or moved without a hold: the hold is released
                 pipe.zrem(keys.timer_holds, member)
-        by_bucket: dict[int, dict[FieldT, EncodableT]] = {}
-        for bucket, rid, position in fx.ids:
-            by_bucket.setdefault(bucket, {})[rid] = position
-        for bucket, ids in by_bucket.items():
-            pipe.hset(keys.catalog(bucket), mapping=ids)
-        if by_bucket:
-            pipe.zadd(keys.buckets, {str(b): b for b in by_bucket})
-        if fx.drop_buckets:
-            pipe.delete(*[keys.catalog(b) for b in fx.drop_buckets])
-            pipe.zrem(keys.buckets, *[str(b) for b in fx.drop_buckets])
+        queue_catalog_writes(pipe, keys, fx.ids, fx.drop_buckets)
         if fx.productions:
             checkpoints: dict[FieldT, EncodableT] = {
                 p.id: encode_production(p) for p in fx.productions
@@ -243,7 +236,7 @@ class ShardTransaction:
             pipe.hincrby(keys.counters, name, amount)
         entry = _codec.pack(
             [
-                _codec.pack([b.to_bytes(8, "big", signed=True) + rid for b, rid, _ in fx.ids]),
+                pack_ids(fx.ids),
                 _codec.pack([k.encode() for k in fx.states]),
             ]
         )
