@@ -164,8 +164,7 @@ class KafkaStreamSink(Sink):
         """The error to raise for `err`; a fatal or fenced producer is dropped first.
 
         An idempotent producer has no transactional.id, so no other process can own it: being
-        fenced means the broker no longer accepts its producer id and epoch (seen on Tansu after
-        a restart, after librdkafka bumped the epoch on timed-out records). Kept, it would fail
+        fenced means the broker no longer accepts its producer id and epoch. Kept, it would fail
         every later delivery the same way; a new producer gets a new producer id. What it still
         queues is purged: those productions stay checkpointed and are delivered again.
         """

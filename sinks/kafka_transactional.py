@@ -18,14 +18,13 @@ the shard's next delivery, never aborted (`millstream.sinks._shard_producer`).
 Caveats: Kafka expires the committed offsets of a group without members after
 `offsets.retention.minutes` (7 days by default); progress matters only for checkpoints left
 behind by a crash between commit and checkpoint deletion, so keep that retention longer than
-any outage you recover from. On Tansu 0.6 a zombie whose only remaining call is the commit gets
-its connection dropped (`_TIMED_OUT`, not `_FENCED`): it surfaces as TransientError after
-`delivery_timeout_s`, and its transaction stays aborted.
+any outage you recover from.
 
 Why offsets rather than a progress record in a compacted topic: reading such a record back needs
-read_committed semantics over a whole partition, which a broker that serves aborted
-transactional data (Tansu 0.6) gets wrong, and which on Apache Kafka stalls behind any other
-shard's open transaction; an offset fetch is one small request with the same meaning everywhere.
+read_committed semantics over a whole partition, which stalls behind any other shard's open
+transaction (and which a broker that serves aborted records gets wrong); an offset fetch is one
+small request with the same meaning everywhere. The embedded broker's defects that bear on this
+sink are listed in the README ("Known broker defects of the embedded broker").
 """
 
 from __future__ import annotations
