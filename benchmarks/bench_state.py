@@ -57,9 +57,10 @@ from millstream.bench.dedup import BatchOutcome, shard_batch
 from millstream.records import Production
 from millstream.settings import mask_url
 from millstream.state.bloom import BloomFilter
+from millstream.state.catalog import Verdict
 from millstream.state.client import connect, is_cluster
 from millstream.state.keys import ShardKeys
-from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict
+from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
 from millstream.state.transaction import COMMIT_LOG_KEEP
 
 SHARDS = 4

@@ -35,9 +35,10 @@ from millstream.headers import (
     visible_headers,
 )
 from millstream.records import Production, Record, Timer
+from millstream.state.catalog import Verdict
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
-from millstream.state.shard import ShardStore, Verdict
+from millstream.state.shard import ShardStore
 from millstream.state.timers import firing_order
 
 log = logging.getLogger(__name__)

@@ -220,8 +220,7 @@ class KafkaInjectorOptions:
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             # Never resolve a bad offset silently: out of range is data loss (retention, a
-            # recreated topic) and must fail the query. ("latest" would also hit Tansu's
-            # wrong ListOffsets.)
+            # recreated topic) and must fail the query.
             "auto.offset.reset": "error",
             **overrides,
         }

@@ -1,24 +1,20 @@
 """Driver side of the Kafka injector: partitions, end offsets and the next record, by fetching.
 
-How end offsets are learned, and why (verified on Tansu 0.6.0 with confluent-kafka 2.16):
+How end offsets are learned, and why:
 
-* ListOffsets "latest" (`get_watermark_offsets(cached=False)`, `OFFSET_END`) is wrong on
-  Tansu: it answers the base offset of the last record batch + 1 (1 instead of 500 for 500
-  records produced in batches), so an injector built on it would stall inside the last batch.
-  `offsets_for_times` answers 0. Neither is used.
-* A Fetch response carries the partition's high watermark, and it is right on Tansu as on
-  Apache Kafka. So a probe assigns a consumer at a chosen offset and waits for the first event
-  of each partition: a record (the first one at or after the offset) or a PARTITION_EOF event
-  (the offset is the end). librdkafka stores the response's high watermark before it enqueues
-  the records, so `get_watermark_offsets(tp, cached=True)` read after that event belongs to this
-  fetch. One probe is one fetch round trip: 1-5 ms on loopback.
-* `fetch.wait.max.ms=0` makes Tansu never answer an empty fetch (the probe hangs); 1 ms works
-  on both brokers, and an empty probe then costs about two waits (~4 ms on Tansu).
-* Tansu sends *no* response to a fetch it cannot assemble within `fetch.wait.max.ms`: on S3
-  storage (durable Tansu) a 1-2 ms fetch of existing records is never answered (5 ms is), and on
-  a loaded machine the in-memory engine misses 1 ms too, which stalled injectors for minutes.
-  So the probe starts at 1 ms and, when a fetch goes unanswered for ESCALATE_AFTER_S, rebuilds
-  its consumer with the next longer wait in FETCH_WAITS_MS and keeps it.
+* Not from ListOffsets "latest" (`get_watermark_offsets(cached=False)`, `OFFSET_END`) nor
+  `offsets_for_times`: a broker may answer them wrongly (the embedded one does, see the README's
+  section on its defects), and an injector built on a short end offset stalls.
+* A Fetch response carries the partition's high watermark. So a probe assigns a consumer at a
+  chosen offset and waits for the first event of each partition: a record (the first one at or
+  after the offset) or a PARTITION_EOF event (the offset is the end). librdkafka stores the
+  response's high watermark before it enqueues the records, so
+  `get_watermark_offsets(tp, cached=True)` read after that event belongs to this fetch. One
+  probe is one fetch round trip: 1-5 ms on loopback.
+* `fetch.wait.max.ms` starts at 1 ms (0 can leave an empty fetch unanswered). A broker may
+  never answer a fetch it cannot assemble within that wait, so when a fetch goes unanswered for
+  ESCALATE_AFTER_S the probe rebuilds its consumer with the next longer wait in FETCH_WAITS_MS
+  and keeps it.
 * The probe reads `read_uncommitted` on purpose: under `read_committed` a fetch beyond the last
   stable offset returns neither records nor EOF while a transaction is open. On Apache Kafka the
   high watermark can therefore lie beyond the last stable offset; executors reading

@@ -51,7 +51,7 @@ CONSUME_CHUNK = 10_000
 
 _CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
 # fetch.wait.max.ms of readers, escalated (for this process) when a fetch of records that exist
-# goes unanswered: Tansu drops fetches it cannot assemble in time (see _kafka_probe).
+# goes unanswered: a broker may drop fetches it cannot assemble in time (see _kafka_probe).
 READ_WAITS_MS = (10, 100, 500)
 ESCALATE_AFTER_S = 3.0
 _wait_level = 0
@@ -107,8 +107,8 @@ def _discard(key: tuple[tuple[str, str], ...]) -> None:
 
 
 def close_consumers() -> None:
-    """Close this process's cached consumers (tests, or before deleting topics they read:
-    on Tansu a consumer that fetched a topic being deleted can crash inside librdkafka)."""
+    """Close this process's cached consumers (tests, or before deleting topics they read: a
+    consumer that fetched a topic being deleted can crash inside librdkafka)."""
     with _LOCK:
         keys = list(_CONSUMERS)
     for key in keys:

@@ -134,6 +134,7 @@ class Deadline:
     """A monotonic deadline: every retry loop in the sinks is bounded by one."""
 
     def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
         self.end = time.monotonic() + seconds
 
     def left(self) -> float:

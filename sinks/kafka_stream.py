@@ -11,12 +11,11 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from millstream.errors import ConfigurationError, MillstreamError, TransientError
-from millstream.headers import production_headers
 from millstream.kafka_admin import check_topics
 from millstream.kafka_errors import classify, is_fenced, kafka_error
 from millstream.records import Production
@@ -30,7 +29,8 @@ from millstream.sinks._kafka import (
     topic_mapping,
 )
 from millstream.sinks._kafka_settings import KafkaSettings
-from millstream.sinks.base import BackpressureError, Delivery, DeliveryReport, ShardRef, Sink
+from millstream.sinks._produce import produce
+from millstream.sinks.base import Delivery, DeliveryReport, ShardRef, Sink
 
 _PRODUCERS: ProcessCache[Producer] = ProcessCache()
 _CHECKED: ProcessCache[int] = ProcessCache()  # (bootstrap, topic) -> partition count
@@ -113,13 +113,18 @@ class KafkaStreamSink(Sink):
             outcomes[index] = err if err is not None else (msg.partition() or 0, msg.offset() or 0)
 
         for index, (topic, production) in enumerate(zip(topics, productions, strict=True)):
-            self._produce(
+            produce(
                 producer,
                 topic,
                 production,
                 functools.partial(on_delivery, index),
                 deadline,
-                shard,
+                queue_full=(
+                    f"shard {shard}: the producer queue for {topic!r} stayed full for "
+                    f"{self._timeout:.0f}s: Kafka accepts records slower than they are "
+                    "produced; lower the batch size or raise queue.buffering.max.messages"
+                ),
+                failed=functools.partial(self._raise, f"shard {shard}: producing to {topic!r}"),
             )
         while any(o is None for o in outcomes):
             if deadline.expired():
@@ -159,8 +164,7 @@ class KafkaStreamSink(Sink):
         """The error to raise for `err`; a fatal or fenced producer is dropped first.
 
         An idempotent producer has no transactional.id, so no other process can own it: being
-        fenced means the broker no longer accepts its producer id and epoch (seen on Tansu after
-        a restart, after librdkafka bumped the epoch on timed-out records). Kept, it would fail
+        fenced means the broker no longer accepts its producer id and epoch. Kept, it would fail
         every later delivery the same way; a new producer gets a new producer id. What it still
         queues is purged: those productions stay checkpointed and are delivered again.
         """
@@ -190,37 +194,8 @@ class KafkaStreamSink(Sink):
         for topic, count in check_topics(connection, new, self._metadata_timeout).items():
             _CHECKED.put((bootstrap, topic), count)
 
-    def _produce(
-        self,
-        producer: Producer,
-        topic: str,
-        production: Production,
-        on_delivery: Any,
-        deadline: Deadline,
-        shard: ShardRef,
-    ) -> None:
-        """Enqueue one record; wait (bounded) for room when the local queue is full."""
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    key=production.key.encode("utf-8"),
-                    value=production.value,
-                    timestamp=production.timestamp,
-                    headers=production_headers(production),
-                    on_delivery=on_delivery,
-                )
-                return
-            except BufferError:
-                if deadline.expired():
-                    raise BackpressureError(
-                        f"shard {shard}: the producer queue for {topic!r} stayed full for "
-                        f"{self._timeout:.0f}s: Kafka accepts records slower than they are "
-                        "produced; lower the batch size or raise queue.buffering.max.messages"
-                    ) from None
-                producer.poll(0.05)
-            except KafkaException as exc:
-                err = kafka_error(exc)
-                if err is None:
-                    raise
-                raise self._failure(err, f"shard {shard}: producing to {topic!r}") from None
+    def _raise(self, what: str, exc: BaseException) -> NoReturn:
+        err = kafka_error(exc)
+        if err is None:
+            raise exc
+        raise self._failure(err, what) from None

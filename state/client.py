@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import ssl
 import threading
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterPipeline, RedisCluster
 from redis.retry import Retry
 
 from millstream.errors import ConfigurationError, MillstreamError, TransientError
 from millstream.settings import mask_url
 
-RedisClient = Any  # redis.Redis | RedisCluster: both speak the commands we use.
+# What `connect` returns: a single-node client or a Cluster client. Both
+# speak every command the state layer uses, pipelines and WATCH/MULTI/EXEC included.
+RedisClient = redis.Redis | RedisCluster
+RedisPipeline = redis.client.Pipeline | ClusterPipeline
+# Replies are bytes (`connect` never sets decode_responses); redis-py types them as
+# `bytes | str` because a client may decode, so readers narrow them with `typing.cast`.
 
 _CLIENTS: dict[str, RedisClient] = {}
 _LOCK = threading.Lock()

@@ -1,5 +1,9 @@
 """One shard's view of the store: acquire, sync soft state, dedup, read state and timers, commit.
 
+The lease is `lease.py`'s and the record-id catalog `catalog.py`'s; this module ties them to
+the worker's soft state (Bloom filters, cached states), the state and timer reads and the
+pending productions.
+
 Round trips per shard and batch are constant: acquire (1, plus 1 to sync soft state when another
 worker committed the shard), dedup (1, only for Bloom "maybe" answers), state and timers (1),
 commit (3: WATCH, check, EXEC), whatever the number of records.
@@ -10,13 +14,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from typing import cast
 
 from millstream.records import Production, TimeDomain, Timer
 from millstream.state import _codec
 from millstream.state.bloom import BucketedBloom
+from millstream.state.catalog import Catalog, DedupStats, Verdict, unpack_ids
+from millstream.state.client import RedisClient, RedisPipeline
 from millstream.state.keys import ShardKeys
-from millstream.state.lease import Lease
+from millstream.state.lease import Lease, Position, acquire_and_read
 from millstream.state.timers import parse_timer
 from millstream.state.transaction import COMMIT_LOG_KEEP, ShardTransaction
 from millstream.state.watermarks import NO_WORK, Watermark
@@ -31,24 +37,6 @@ class ShardConfig:
     bloom_expected: int = 200_000
     bloom_fp_rate: float = 0.001
     use_bloom: bool = True
-
-
-class Verdict(Enum):
-    NEW = "new"
-    DUPLICATE = "duplicate"  # the id was applied before, delivered from another position
-    REPLAY = "replay"  # the same delivery again (a batch re-run after a failure)
-    REMNANT = "remnant"  # older than the GC watermark: a known duplicate, dropped and counted
-
-
-@dataclass
-class DedupStats:
-    checked: int = 0
-    duplicates: int = 0
-    replays: int = 0
-    remnants: int = 0
-    catalog_reads: int = 0
-    lookups_avoided: int = 0
-    false_positives: int = 0
 
 
 @dataclass
@@ -91,7 +79,7 @@ class ShardStore:
 
     def __init__(
         self,
-        client: object,
+        client: RedisClient,
         keys: ShardKeys,
         config: ShardConfig | None = None,
         cache: SoftStateCache | None = PROCESS_CACHE,
@@ -105,31 +93,39 @@ class ShardStore:
         self._version = 0
         self._next_seq = 0
         self._pending_count = 0
-        self._live_buckets: list[int] = []
-        self.dedup_stats = DedupStats()
-        self.round_trips = 0
+        self.catalog = Catalog(client, keys, self.config.bucket_ms)
+        self._round_trips = 0
+
+    @property
+    def round_trips(self) -> int:
+        """Redis round trips of this owner so far, the catalog's included."""
+        return self._round_trips + self.catalog.round_trips
+
+    @property
+    def dedup_stats(self) -> DedupStats:
+        return self.catalog.stats
 
     # --- 1. acquire ---------------------------------------------------------------------------
     def acquire(self) -> Lease:
         """Take the shard (fencing older owners) and make this process's soft state current."""
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
-        pipe.incr(self.keys.sequencer)
-        pipe.get(self.keys.version)
-        pipe.get(self.keys.production_seq)
-        pipe.zrange(self.keys.buckets, 0, -1, withscores=True)
-        pipe.zcard(self.keys.production_times)
-        token, version, seq, buckets, pending = pipe.execute()
-        self.round_trips += 1
-        self.lease = Lease(self.keys, int(token))
+        keys = self.keys
+
+        def reads(pipe: RedisPipeline) -> None:
+            pipe.get(keys.version)
+            pipe.get(keys.production_seq)
+            self.catalog.queue_live_buckets(pipe)
+            pipe.zcard(keys.production_times)
+
+        self.lease, replies = acquire_and_read(self.client, keys, reads)
+        version, seq, buckets, pending = replies
+        self._round_trips += 1
         self._version = int(version or 0)
         self._next_seq = int(seq or 0)
-        self._live_buckets = sorted(int(score) for _, score in buckets)
+        self.catalog.set_live_buckets(buckets)
         self._pending_count = int(pending)
         self.soft = self._sync(self._cache.get(self.keys))
-        if self.soft.bloom is not None:  # buckets garbage-collected by any owner
-            live = set(self._live_buckets)
-            for bucket in [b for b in self.soft.bloom.filters if b not in live]:
-                del self.soft.bloom.filters[bucket]
+        if self.soft.bloom is not None:
+            self.catalog.prune(self.soft.bloom)
         self._cache.put(self.keys, self.soft)
         return self.lease
 
@@ -143,15 +139,13 @@ class ShardStore:
             return soft
         if soft is not None and 0 < self._version - soft.version <= COMMIT_LOG_KEEP:
             versions = [str(v) for v in range(soft.version + 1, self._version + 1)]
-            entries = self.client.hmget(self.keys.commit_log, versions)  # type: ignore[attr-defined]
-            self.round_trips += 1
+            entries = cast(list[bytes | None], self.client.hmget(self.keys.commit_log, versions))
+            self._round_trips += 1
             if all(e is not None for e in entries):
                 for entry in entries:
+                    assert entry is not None
                     ids_blob, keys_blob = _codec.unpack(entry)
-                    bucketed = [
-                        (int.from_bytes(x[:8], "big", signed=True), x[8:])
-                        for x in _codec.unpack(ids_blob)
-                    ]
+                    bucketed = unpack_ids(ids_blob)
                     if soft.bloom is not None:
                         soft.bloom.add(bucketed)
                     for key in _codec.unpack(keys_blob):
@@ -166,13 +160,8 @@ class ShardStore:
         """Read the whole live catalog: after a process start, or when the log was trimmed."""
         soft = ShardSoftState(version=self._version, bloom=self._new_bloom())
         soft.rebuilds = (old.rebuilds if old else 0) + 1
-        if soft.bloom is not None and self._live_buckets:
-            pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
-            for bucket in self._live_buckets:
-                pipe.hkeys(self.keys.catalog(bucket))
-            for bucket, members in zip(self._live_buckets, pipe.execute(), strict=True):
-                soft.bloom.add((bucket, m) for m in members)
-            self.round_trips += 1
+        if soft.bloom is not None:
+            self.catalog.load(soft.bloom)
         return soft
 
     def _require_lease(self) -> tuple[Lease, ShardSoftState]:
@@ -182,67 +171,15 @@ class ShardStore:
 
     # --- 2. dedup -----------------------------------------------------------------------------
     def bucket_of(self, system_time: int) -> int:
-        return system_time // self.config.bucket_ms
+        return self.catalog.bucket_of(system_time)
 
     def dedup(
         self, records: Sequence[tuple[bytes, int, bytes]], gc_watermark: int
     ) -> list[Verdict]:
-        """Classify (id, system_time, position) triples; one catalog round trip for "maybe"s.
-
-        An id is looked for in every live bucket, not only its own: a source may send the same
-        id again with another system time.
-
-        The catalog remembers where each id was delivered from, so a batch replayed after a
-        failure (same position) is told apart from a duplicate the source sent (new position).
-        Duplicates inside the batch are caught too: the first delivery wins.
-        """
+        """The catalog's verdicts on (id, system_time, position) triples (`Catalog.dedup`),
+        with this process's Bloom filters."""
         _, soft = self._require_lease()
-        verdicts: list[Verdict] = [Verdict.NEW] * len(records)
-        seen: dict[bytes, bytes] = {}
-        candidates: list[int] = []
-        for index, (rid, system_time, position) in enumerate(records):
-            if system_time < gc_watermark:
-                verdicts[index] = Verdict.REMNANT
-            elif rid in seen:
-                same = seen[rid] == position
-                verdicts[index] = Verdict.REPLAY if same else Verdict.DUPLICATE
-            else:
-                seen[rid] = position
-                candidates.append(index)
-        ids = [records[i][0] for i in candidates]
-        if soft.bloom is not None:
-            maybe = soft.bloom.maybe_in_any(ids)
-        else:  # no filters: every live bucket must be asked
-            live = sorted(set(self._live_buckets) | {self.bucket_of(r[1]) for r in records})
-            maybe = [list(live) for _ in ids]
-        stats = self.dedup_stats
-        stats.checked += len(records)
-        stats.lookups_avoided += sum(1 for buckets in maybe if not buckets)
-        by_bucket: dict[int, list[int]] = {}
-        for index, buckets in zip(candidates, maybe, strict=True):
-            for bucket in buckets:
-                by_bucket.setdefault(bucket, []).append(index)
-        if by_bucket:
-            pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
-            order = list(by_bucket.items())
-            for bucket, indexes in order:
-                pipe.hmget(self.keys.catalog(bucket), [records[i][0] for i in indexes])
-            self.round_trips += 1
-            found: dict[int, bytes] = {}
-            for (_, indexes), positions in zip(order, pipe.execute(), strict=True):
-                for index, position in zip(indexes, positions, strict=True):
-                    if position is not None:
-                        found[index] = position
-            read = {i for indexes in by_bucket.values() for i in indexes}
-            stats.catalog_reads += len(read)
-            stats.false_positives += len(read - set(found))
-            for index, position in found.items():
-                same = position == records[index][2]
-                verdicts[index] = Verdict.REPLAY if same else Verdict.DUPLICATE
-        stats.duplicates += sum(v is Verdict.DUPLICATE for v in verdicts)
-        stats.replays += sum(v is Verdict.REPLAY for v in verdicts)
-        stats.remnants += sum(v is Verdict.REMNANT for v in verdicts)
-        return verdicts
+        return self.catalog.dedup(records, gc_watermark, soft.bloom)
 
     # --- 3. state, timers, pending productions --------------------------------------------
     def load(
@@ -251,7 +188,7 @@ class ShardStore:
         """States of `keys` (cached where current) and timers due at the watermark and clock."""
         _, soft = self._require_lease()
         wanted = [k for k in dict.fromkeys(keys) if k not in soft.states]
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+        pipe = self.client.pipeline(transaction=False)
         pipe.zrangebyscore(self.keys.timers("event"), "-inf", event_watermark, withscores=True)
         pipe.zrangebyscore(self.keys.timers("wall"), "-inf", now, withscores=True)
         # A hold is never after its timer's time: every due event timer's hold is in range.
@@ -259,7 +196,7 @@ class ShardStore:
         if wanted:
             pipe.hmget(self.keys.state, wanted)
         results = pipe.execute()
-        self.round_trips += 1
+        self._round_trips += 1
         holds = dict(results[2])
         timers = [parse_timer(m, s, TimeDomain.EVENT, holds.get(m)) for m, s in results[0]]
         timers += [parse_timer(m, s, TimeDomain.WALL) for m, s in results[1]]
@@ -269,8 +206,8 @@ class ShardStore:
             soft.states.update(zip(wanted, results[3], strict=True))
         timer_keys = [t.key for t in timers if t.key not in soft.states]
         if timer_keys:
-            values = self.client.hmget(self.keys.state, timer_keys)  # type: ignore[attr-defined]
-            self.round_trips += 1
+            values = cast(list[bytes | None], self.client.hmget(self.keys.state, timer_keys))
+            self._round_trips += 1
             soft.states.update(zip(timer_keys, values, strict=True))
         return soft.states, timers
 
@@ -278,19 +215,18 @@ class ShardStore:
         """Checkpointed productions not yet acknowledged (a crashed owner's, re-delivered now)."""
         if not self._pending_count:
             return []
-        raw = self.client.hvals(self.keys.productions)  # type: ignore[attr-defined]
-        self.round_trips += 1
+        raw = cast(list[bytes], self.client.hvals(self.keys.productions))
+        self._round_trips += 1
         return sorted((decode_production(b) for b in raw), key=lambda p: p.seq)
 
     def gc_buckets(self, gc_watermark: int) -> list[int]:
-        """Live buckets wholly older than the GC watermark: dropped whole in the next commit."""
-        bucket_ms = self.config.bucket_ms
-        return [b for b in self._live_buckets if (b + 1) * bucket_ms <= gc_watermark]
+        """Live catalog buckets wholly older than the GC watermark (`Catalog.gc_buckets`)."""
+        return self.catalog.gc_buckets(gc_watermark)
 
     # --- 4. commit ----------------------------------------------------------------------------
-    def position(self) -> tuple[int, int, int]:
-        """(lease token, version, next production seq): enough for another process to commit
-        the acknowledgement of this owner's deliveries under its lease (`acknowledge`)."""
+    def position(self) -> Position:
+        """This owner's lease token, version and next production seq: enough for another process
+        to commit the acknowledgement of this owner's deliveries under its lease (`acknowledge`)."""
         lease, _ = self._require_lease()
         return lease.token, self._version, self._next_seq
 
@@ -302,8 +238,8 @@ class ShardStore:
 
     def last_committed_batch(self) -> int | None:
         """The micro-batch of the shard's last committed effects, None if never recorded."""
-        raw = self.client.get(self.keys.last_batch)  # type: ignore[attr-defined]
-        self.round_trips += 1
+        raw = self.client.get(self.keys.last_batch)
+        self._round_trips += 1
         return None if raw is None else int(raw)
 
     def commit(self, txn: ShardTransaction) -> int:
@@ -315,7 +251,7 @@ class ShardStore:
             self._cache.drop(self.keys)
             raise
         finally:
-            self.round_trips += 3
+            self._round_trips += 3
         if soft.bloom is not None:
             soft.bloom.add(txn.added_ids)
         for key, value in txn.written_states.items():
@@ -326,13 +262,13 @@ class ShardStore:
         return version
 
 
-def oldest_work(client: object, keys_list: Sequence[ShardKeys]) -> list[Watermark]:
+def oldest_work(client: RedisClient, keys_list: Sequence[ShardKeys]) -> list[Watermark]:
     """Each shard's oldest work: its earliest event-time timer or watermark hold, and its oldest
     pending production.
 
     Derived from data only lease-guarded commits write, so a stale owner cannot move it.
     """
-    pipe = client.pipeline(transaction=False)  # type: ignore[attr-defined]
+    pipe = client.pipeline(transaction=False)
     for keys in keys_list:
         pipe.zrange(keys.timers("event"), 0, 0, withscores=True)
         pipe.zrange(keys.timer_holds, 0, 0, withscores=True)
@@ -351,9 +287,9 @@ def oldest_work(client: object, keys_list: Sequence[ShardKeys]) -> list[Watermar
 
 
 def acknowledge(
-    client: object,
+    client: RedisClient,
     keys: ShardKeys,
-    position: tuple[int, int, int],
+    position: Position,
     delivered: Sequence[Production],
     counters: dict[str, int],
 ) -> int:

@@ -7,11 +7,15 @@ import logging
 from dataclasses import dataclass, field
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from millstream.errors import FencedError, TransientError
 from millstream.records import Production, TimeDomain
 from millstream.state import _codec
-from millstream.state.lease import Lease
+from millstream.state.catalog import pack_ids
+from millstream.state.catalog import queue_writes as queue_catalog_writes
+from millstream.state.client import RedisClient, RedisPipeline
+from millstream.state.lease import Lease, guarded
 from millstream.state.timers import timer_member
 from millstream.state.wire import encode_production
 
@@ -50,7 +54,7 @@ class ShardTransaction:
 
     def __init__(
         self,
-        client: object,
+        client: RedisClient,
         lease: Lease,
         base_version: int,
         next_seq: int,
@@ -167,7 +171,8 @@ class ShardTransaction:
         """Apply every buffered effect atomically, or nothing; returns the shard's new version.
 
         1. WATCH the shard's sequencer and check it still holds this lease's token; a newer
-           token means a newer owner: raise FencedError (never retried).
+           token means a newer owner: raise FencedError (never retried). Steps 1 and 3 are
+           `lease.guarded`.
         2. MULTI: state writes and deletes, timer sets and deletes, catalog ids per bucket and
            the live-bucket index, checkpointed productions with their seq, acknowledged
            checkpoints removed, dropped buckets, metrics, the commit-log entry and version.
@@ -177,24 +182,11 @@ class ShardTransaction:
         keys = self.lease.keys
         version = self._base_version + 1
         try:
-            with self._client.pipeline(transaction=True) as pipe:  # type: ignore[attr-defined]
-                pipe.watch(keys.sequencer)
-                current = pipe.get(keys.sequencer)
-                if current is None or int(current) != self.lease.token:
-                    self.status = TransactionStatus.FENCED
-                    raise FencedError(
-                        f"shard {keys.tag} lease moved to token {current!r}; "
-                        f"this owner holds {self.lease.token}: its commit is discarded"
-                    )
-                pipe.multi()
+            with guarded(self._client, self.lease) as pipe:
                 self._queue(pipe, version)
                 pipe.execute()
-        except redis.WatchError:
-            self.status = TransactionStatus.FENCED
-            raise FencedError(
-                f"shard {keys.tag} was acquired by a newer owner during commit; discarded"
-            ) from None
         except FencedError:
+            self.status = TransactionStatus.FENCED
             raise
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.status = TransactionStatus.FAILED
@@ -206,13 +198,13 @@ class ShardTransaction:
         self.version = version
         return version
 
-    def _queue(self, pipe: redis.client.Pipeline, version: int) -> None:
+    def _queue(self, pipe: RedisPipeline, version: int) -> None:
         keys = self.lease.keys
         fx = self._fx
-        sets = {k: v for k, v in fx.states.items() if v is not None}
+        sets: dict[FieldT, EncodableT] = {k: v for k, v in fx.states.items() if v is not None}
         deletes = [k for k, v in fx.states.items() if v is None]
         if sets:
-            pipe.hset(keys.state, mapping=sets)  # type: ignore[arg-type]
+            pipe.hset(keys.state, mapping=sets)
         if deletes:
             pipe.hdel(keys.state, *deletes)
         for (key, tag), spec in fx.timers.items():
@@ -226,21 +218,12 @@ class ShardTransaction:
                 pipe.zadd(keys.timer_holds, {member: spec[2]})
             else:  # deleted, fired, or moved without a hold: the hold is released
                 pipe.zrem(keys.timer_holds, member)
-        by_bucket: dict[int, dict[bytes, bytes]] = {}
-        for bucket, rid, position in fx.ids:
-            by_bucket.setdefault(bucket, {})[rid] = position
-        for bucket, ids in by_bucket.items():
-            pipe.hset(keys.catalog(bucket), mapping=ids)  # type: ignore[arg-type]
-        if by_bucket:
-            pipe.zadd(keys.buckets, {str(b): b for b in by_bucket})
-        if fx.drop_buckets:
-            pipe.delete(*[keys.catalog(b) for b in fx.drop_buckets])
-            pipe.zrem(keys.buckets, *[str(b) for b in fx.drop_buckets])
+        queue_catalog_writes(pipe, keys, fx.ids, fx.drop_buckets)
         if fx.productions:
-            pipe.hset(
-                keys.productions,
-                mapping={p.id: encode_production(p) for p in fx.productions},  # type: ignore[misc]
-            )
+            checkpoints: dict[FieldT, EncodableT] = {
+                p.id: encode_production(p) for p in fx.productions
+            }
+            pipe.hset(keys.productions, mapping=checkpoints)
             pipe.zadd(keys.production_times, {p.id: p.timestamp for p in fx.productions})
             pipe.zadd(keys.production_system_times, {p.id: p.system_time for p in fx.productions})
             pipe.set(keys.production_seq, self._next_seq)
@@ -253,7 +236,7 @@ class ShardTransaction:
             pipe.hincrby(keys.counters, name, amount)
         entry = _codec.pack(
             [
-                _codec.pack([b.to_bytes(8, "big", signed=True) + rid for b, rid, _ in fx.ids]),
+                pack_ids(fx.ids),
                 _codec.pack([k.encode() for k in fx.states]),
             ]
         )

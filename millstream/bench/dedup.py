@@ -22,8 +22,9 @@ from typing import Any
 
 from millstream.bench._harness import Bench, print_table, say, write_json
 from millstream.records import Production
+from millstream.state.catalog import Verdict
 from millstream.state.keys import ShardKeys
-from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict
+from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
 
 NAME = "dedup"
 SHARDS = 4

@@ -35,9 +35,10 @@ from millstream.headers import HEADER_ID
 from millstream.injectors.sources import kafka_source
 from millstream.records import Production, TimeDomain
 from millstream.settings import Settings
+from millstream.state.catalog import Verdict
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
-from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict
+from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
 from millstream.state.transaction import TransactionStatus
 from millstream.state.watermarks import now_ms
 from tests.e2e.conftest import read_topic, shard_states

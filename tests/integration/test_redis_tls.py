@@ -29,9 +29,10 @@ from millstream.embedded import HOST, EmbeddedService, _redis_server_bin, free_p
 from millstream.errors import ConfigurationError, MillstreamError
 from millstream.records import Production, TimeDomain
 from millstream.settings import Settings, mask_url
+from millstream.state.catalog import Verdict
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
-from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict
+from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
 from millstream.state.watermarks import Watermark, WatermarkAuthority
 from tests.secrets import MARKER, secret
 

@@ -105,3 +105,26 @@ def test_only_the_runtime_imports_the_runtime() -> None:
         if _within(name, runtime)
     ]
     assert offenders == [], "\n".join(offenders)
+
+
+def _client_parameters(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, annotation) of every parameter or attribute named `client` or `_client`."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.arg) and node.arg in ("client", "_client"):
+            yield node.lineno, ast.unparse(node.annotation) if node.annotation else ""
+        elif isinstance(node, ast.AnnAssign) and ast.unparse(node.target).endswith("client"):
+            yield node.lineno, ast.unparse(node.annotation)
+
+
+def test_the_state_layer_types_its_redis_client() -> None:
+    """A Redis client in `state/` is a `RedisClient` (state/client.py), never `object` or
+    untyped, so its commands are checked instead of silenced with `type: ignore`."""
+    offenders = []
+    for path in sorted((ROOT / "state").rglob("*.py")):
+        for line, annotation in _client_parameters(path):
+            if annotation.removesuffix(" | None") != "RedisClient":
+                offenders.append(f"{path.relative_to(ROOT)}:{line} client: {annotation!r}")
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            if "type: ignore" in text:
+                offenders.append(f"{path.relative_to(ROOT)}:{number} {text.strip()}")
+    assert offenders == [], "\n".join(offenders)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from millstream.sinks.kafka_transactional import KafkaTransactionalSink, _ShardProducer
+from millstream.sinks._shard_producer import ShardProducer as _ShardProducer
+from millstream.sinks.kafka_transactional import KafkaTransactionalSink
 
 
 def _sink() -> KafkaTransactionalSink:

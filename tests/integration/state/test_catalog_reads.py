@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from millstream.state.catalog import Verdict
 from millstream.state.keys import ShardKeys
-from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict
+from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
 
 T0 = 1_700_000_000_000
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from millstream.records import Production, TimeDomain
+from millstream.state.catalog import Verdict
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
-from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict
+from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
 
 
 def test_kill9_and_restart_loses_no_commit(durable_redis: Any) -> None:

@@ -9,8 +9,9 @@ import pytest
 
 from millstream.errors import FencedError
 from millstream.records import Production, TimeDomain
+from millstream.state.catalog import Verdict
 from millstream.state.keys import ShardKeys
-from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, Verdict, oldest_work
+from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, oldest_work
 from millstream.state.transaction import TransactionStatus
 from millstream.state.watermarks import NO_WORK, Watermark
 
