@@ -28,6 +28,8 @@ Points (see `connectors/delivery.py`, `connectors/shard_task.py`, `connectors/fu
   downstream; its input ids, state and timers are not committed yet.
 - `fused_after_consumers_commit` (`connectors/fused.py`): in a batch that handed productions
   over, every consumer committed them; nothing is delivered outside or acknowledged yet.
+- `fused_after_stage_<computation>` (`connectors/fused.py`): that computation committed in this
+  batch, the computations after it in the batch have not run yet.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ POINTS = (
     "fused_after_consumers_commit",
     "after_weak_delivery",
 )
+STAGE_POINT = "fused_after_stage_"  # + a computation's name: it committed, later ones did not
 ENV_AT = "MILLSTREAM_TEST_CRASH_AT"
 ENV_FILE = "MILLSTREAM_TEST_CRASH_FILE"
 HOOK = "millstream.testing._crash:crash_point"  # MILLSTREAM_TEST_FAULT_HOOK naming crash_point
@@ -62,10 +65,11 @@ def _read_spec() -> _Spec | None:
     if not raw:
         return None
     point, _, count = raw.partition(":")
-    if point not in POINTS or (count and not count.isdigit()) or count == "0":
+    known = point in POINTS or point.startswith(STAGE_POINT)
+    if not known or (count and not count.isdigit()) or count == "0":
         raise ValueError(
             f"{ENV_AT}={raw!r} is invalid: expected <point>[:<n>] with point one of "
-            f"{', '.join(POINTS)} and n >= 1"
+            f"{', '.join(POINTS)}, {STAGE_POINT}<computation> and n >= 1"
         )
     path = os.environ.get(ENV_FILE)
     return point, int(count or 1), Path(path) if path else default_crash_file(os.getsid(0))
