@@ -40,7 +40,7 @@ from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
 from millstream.state.transaction import TransactionStatus
-from millstream.state.watermarks import now_ms
+from millstream.state.watermarks import NONE_KNOWN, now_ms
 from tests.e2e.conftest import read_topic, shard_states
 
 SHARDS = 2
@@ -68,6 +68,17 @@ class StallingCounter(Computation):
         ctx.set_state(count)
         body = json.loads(record.value)
         ctx.produce("counts", ctx.key, {"k": ctx.key, "n": count, "e": body["e"]})
+
+
+class Tally(Computation):
+    """Stage B: the events each key's running counts arrived for (a second arrival of an
+    event is recorded under "again")."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        event = json.loads(record.value)["e"]
+        state = ctx.get_state({"events": [], "again": []})
+        state["again" if event in state["events"] else "events"].append(event)
+        ctx.set_state(state)
 
 
 def _shard_worker(payload: bytes, role: str, results: Any) -> None:
@@ -132,6 +143,10 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
         outputs=["counts"],
         shards=SHARDS,
     )
+    # Stage B in the same fused query: `counts` is handed to it inside the batch (and, being
+    # published, also written to its topic for the output checks below).
+    topology.computation("tally", Tally(), inputs={"counts": json_field("k")}, shards=SHARDS)
+    topology.publish("counts")
     spec = topology.computations["counter"]
     settings = Settings(
         redis_url=redis_url, kafka_bootstrap_servers=kafka_bootstrap, app=app_name, shards=SHARDS
@@ -160,10 +175,22 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
     # One micro-batch, planned and routed as the fused runner does it.
     runner = FusedRunner(topology, settings, endpoints)
     stage = runner.stages["counter"]
+    tally = runner.stages["tally"]
 
     def plan_batch(batch_id: int) -> Any:
         input_wm = runner._input_watermark(stage, runner._injected_watermarks(), {})
         return runner._plan(stage, batch_id, input_wm, now_ms())
+
+    def run_tally(batch_id: int, results: list[Any]) -> dict[str, int]:
+        """Stage B of the batch: A's results handed over, routed, run, settled."""
+        handed: dict[str, list[tuple]] = {}
+        runner._hand_over(stage, plan, results, handed)
+        inputs = runner._route(tally, {}, handed)
+        b_plan = runner._plan(tally, batch_id, NONE_KNOWN, now_ms())
+        counters: Counter[str] = Counter()
+        for shard, items in inputs.items():
+            counters.update(run_shard(b_plan, tally.spec, shard, items).counters)
+        return dict(counters)
 
     plan = plan_batch(0)
     by_shard: dict[int, list[TaskInput]] = {s: [] for s in range(SHARDS)}
@@ -202,6 +229,10 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
         version_after_copy = int(redis_client.get(keys.version))
         assert int(redis_client.get(keys.sequencer)) == 2
 
+        # Stage B takes the copy's productions and commits, before the zombie of A wakes.
+        applied = run_tally(0, [copy_result])
+        assert applied["records"] == unique_in_victim, applied
+
         # The zombie wakes up with stale state in hand and tries to commit.
         redis_client.set(f"{gate}:release", 1)
         zombie.join(60)
@@ -227,21 +258,28 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
     assert redis_client.hlen(keys.productions) == unique_in_victim
 
     # The rest of the batch, by single owners: the whole state equals ground truth.
-    done = [
-        _Done(stage, plan, run_shard(plan, spec, shard, by_shard[shard]))
-        for shard in range(SHARDS)
-        if shard != victim
-    ]
-    runner._deliver_and_acknowledge(done)
+    rest = [run_shard(plan, spec, shard, by_shard[shard]) for shard in range(SHARDS)]
+    rest = [r for r in rest if r.shard != victim]
+    run_tally(0, rest)
+    runner._deliver_and_acknowledge([_Done(stage, plan, r) for r in rest])
     assert shard_states(redis_client, app_name, "counter", SHARDS) == dict(truth)
-    # The shard's next batch (no input: its pending checkpoints make it busy) delivers them
-    # again under the same ids and acknowledges them.
+    # The shard's next batch (no input: its pending checkpoints make it busy) hands them over
+    # again, and B drops them as replays (same id, same position); then they are delivered
+    # under the same ids and acknowledged.
     next_plan = plan_batch(1)
     again = run_shard(next_plan, spec, victim, [])
     assert len(again.outstanding) == unique_in_victim and again.redelivered == unique_in_victim
+    replayed = run_tally(1, [again])
+    assert replayed.get("records", 0) == 0 and replayed["replays"] == unique_in_victim, replayed
     settled = runner._deliver_and_acknowledge([_Done(stage, next_plan, again)])
     assert "acks_fenced" not in settled["counter"], settled
     assert redis_client.hlen(keys.productions) == 0
+    # B applied every event exactly once, although A's zombie woke after B's commit.
+    b_states = shard_states(redis_client, app_name, "tally", SHARDS)
+    assert all(s["again"] == [] for s in b_states.values()), "B applied an event twice"
+    assert {k: sorted(s["events"]) for k, s in b_states.items()} == {
+        k: sorted(e for e, key in events if key == k) for k in truth
+    }
     catalog = sum(
         redis_client.hlen(key)
         for shard in range(SHARDS)
