@@ -29,6 +29,7 @@ from millstream.state.keys import app_key
 
 QUIX_VERSION = "3.28.1"
 PROGRESS_FILE = "progress.jsonl"  # a pipeline worker's Spark trigger reports, in its state dir
+DRIVER_READ_CHOICES = ("on", "off", "ab")
 
 
 @dataclass
@@ -47,6 +48,23 @@ class Bench:
     steady_rate: float = 200.0
     results: dict[str, Any] = field(default_factory=dict)
     warmup: tuple[str, int] | None = None  # (topic, events) every millstream series counts first
+    # MILLSTREAM_DRIVER_READ of the pipelines: "on", "off", or "ab" (the latency, watermarks
+    # and throughput scenarios run their millstream pipelines with it off, then on).
+    driver_read: str = "on"
+
+    def __post_init__(self) -> None:
+        if self.driver_read not in DRIVER_READ_CHOICES:
+            raise ValueError(f"driver_read must be one of {DRIVER_READ_CHOICES}")
+
+    def read_modes(self) -> list[str]:
+        """The MILLSTREAM_DRIVER_READ values a scenario's millstream pipeline runs with, in
+        order: off then on for "ab", else the one chosen. The last is the one judged."""
+        return ["off", "on"] if self.driver_read == "ab" else [self.driver_read]
+
+    @property
+    def main_read(self) -> str:
+        """The MILLSTREAM_DRIVER_READ of the figures targets.json judges (on, unless off)."""
+        return self.read_modes()[-1]
 
     @property
     def kafka(self) -> dict[str, str]:
@@ -70,14 +88,19 @@ class Bench:
         master: str = "local[2]",
         max_batch: int = 200_000,
         idle_slack_ms: int | None = None,
+        driver_read: str | None = None,
     ) -> dict[str, str]:
         """Environment of a millstream (or plain Spark) pipeline process.
 
         Every MILLSTREAM_* variable of this process is dropped (but MILLSTREAM_KAFKA_*): what a
         pipeline runs with is only what is set here. `idle_slack_ms`, when given, is
-        MILLSTREAM_IDLE_SLACK_MS (else the default). There is one runtime (fused queries), so
-        nothing chooses it.
+        MILLSTREAM_IDLE_SLACK_MS (else the default). MILLSTREAM_DRIVER_READ is `driver_read`
+        ("on" or "off") when given, else the run's `main_read` (--driver-read; "on" for "ab").
+        There is one runtime (fused queries), so nothing chooses it.
         """
+        read = driver_read or self.main_read
+        if read not in ("on", "off"):
+            raise ValueError(f"driver_read must be on or off, not {read!r}")
         env = {
             k: v
             for k, v in os.environ.items()
@@ -95,6 +118,7 @@ class Bench:
                 "MILLSTREAM_TRIGGER_MS": "200",
                 "MILLSTREAM_MAX_RECORDS_PER_BATCH": str(max_batch),
                 "MILLSTREAM_LOG_LEVEL": "WARNING",
+                "MILLSTREAM_DRIVER_READ": read,
                 # A loaded machine makes Spark's Python workers miss their connect-back
                 # timeout now and then; the query restarts from its checkpoint (counted in
                 # each result as `query_restarts`) instead of ending the run.

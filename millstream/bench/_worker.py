@@ -9,6 +9,7 @@ computations started together by one `app.start()`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -85,10 +86,22 @@ def _counted(app: Application, client: Any, events: int) -> bool:
     )
 
 
+def run_settings(settings: Settings, run_config: dict[str, Any]) -> Settings:
+    """The settings of one run of the series: its `driver_read` ("on"/"off") when it names one
+    (the throughput scenario's read-off variant), else the process's."""
+    read = run_config.get("driver_read")
+    if read is None:
+        return settings
+    if read not in ("on", "off"):
+        raise ValueError(f"driver_read must be on or off, not {read!r}")
+    return dataclasses.replace(settings, driver_read=read == "on")
+
+
 def main(argv: list[str]) -> int:
     """CONFIG is one topology config, or `{"runs": [config, ...], "events": N}`: topologies run
     one after the other in the same Spark session, each until every computation counted N
-    (or the run's own `events`); the last one runs until SIGTERM."""
+    (or the run's own `events`); the last one runs until SIGTERM. A run's `driver_read`
+    ("on"/"off"), when set, overrides MILLSTREAM_DRIVER_READ for that run only."""
     config = json.loads(Path(argv[1]).read_text())
     runs = config.get("runs", [config])
     settings = Settings.from_env()
@@ -104,7 +117,7 @@ def main(argv: list[str]) -> int:
         client = connect(ends.redis_url)
         spark = None
         for index, run_config in enumerate(runs):
-            app = Application(build(run_config), settings, ends, spark=None)
+            app = Application(build(run_config), run_settings(settings, run_config), ends, None)
             app.prepare()
             if spark is None:
                 spark = spark_session(settings, f"millstream.{app.topology.app}")

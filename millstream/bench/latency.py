@@ -16,6 +16,10 @@
   the result: a caught-up partition's watermark is now minus it, a floor under millstream's
   window latency.
 
+With `--driver-read ab` the two millstream pipeline processes run twice, first with
+MILLSTREAM_DRIVER_READ=off (result key `millstream_driver_read_off`), then on (`millstream`),
+at the same rates; both are reported, each part's p50 also as a ratio to the floor's.
+
 The first `WARMUP_MS` of every rate phase is left out, and so is each phase's last full
 window (it closes only when the next phase's data arrives, for Quix).
 """
@@ -161,10 +165,11 @@ def _drain(process: Process, what: str, condition: Any) -> bool:
 
 
 def _pipeline(
-    bench: Bench, parts: list[tuple[str, str, bool]], watch: dict[str, Any]
+    bench: Bench, parts: list[tuple[str, str, bool]], watch: dict[str, Any], driver_read: str
 ) -> dict[str, Any]:
     """One millstream pipeline process: `parts` (name, what, exactly_once) on one input topic,
-    each part's output watched by `watch[name]`; warm-up, the rate phases, drain."""
+    each part's output watched by `watch[name]`, MILLSTREAM_DRIVER_READ=`driver_read`;
+    warm-up, the rate phases, drain."""
     config = parts_config(bench, "bl", parts)
     app, topic = config["app"], config["input_topic"]
     outs = {p["name"]: p["output_topic"] for p in config["parts"]}
@@ -173,8 +178,10 @@ def _pipeline(
     passthrough = [name for name, what, _ in parts if what == "passthrough"]
     client = bench.redis()
     profile = BatchProfile(client, app, names)
-    say(f"{NAME}: millstream pipeline ({', '.join(names)})")
-    with millstream_pipeline(bench, config, folder, idle_slack_ms=IDLE_SLACK_MS) as process:
+    say(f"{NAME}: millstream pipeline ({', '.join(names)}), driver read {driver_read}")
+    with millstream_pipeline(
+        bench, config, folder, idle_slack_ms=IDLE_SLACK_MS, driver_read=driver_read
+    ) as process:
         watchers = {n: MarkerAwareWatcher(bench.bootstrap, outs[n], watch[n]) for n in names}
         for watcher in watchers.values():
             watcher.start()
@@ -215,6 +222,7 @@ def _pipeline(
         restarts = process.restarts
     return {
         "app": app,
+        "driver_read": driver_read,
         "log": str(process.log_path),
         "profile": profile.summary(),
         "spark": spark_progress(folder / PROGRESS_FILE, f"{app}.", phases[0].start_ms),
@@ -233,20 +241,23 @@ def _pipeline(
     }
 
 
-def run_millstream(bench: Bench) -> dict[str, Any]:
+def run_millstream(bench: Bench, driver_read: str) -> dict[str, Any]:
     """Pass-through with exactly-once on and off side by side in one process; the window
-    counter alone in another (as Quix runs alone)."""
+    counter alone in another (as Quix runs alone); both with MILLSTREAM_DRIVER_READ set to
+    `driver_read`."""
     collectors = {PARTS[0]: RecordLatency(), PARTS[1]: RecordLatency()}
     records = _pipeline(
         bench,
         [(PARTS[0], "passthrough", True), (PARTS[1], "passthrough", False)],
         dict(collectors),
+        driver_read,
     )
     windows = WindowLatency()
-    window = _pipeline(bench, [(PARTS[2], "window", True)], {PARTS[2]: windows})
+    window = _pipeline(bench, [(PARTS[2], "window", True)], {PARTS[2]: windows}, driver_read)
     phases = [Phase(**p) for p in records["phases"]]
     window_phases = [Phase(**p) for p in window["phases"]]
     return {
+        "driver_read": driver_read,
         "idle_slack_ms": IDLE_SLACK_MS,
         "phases": records["phases"],
         "window_phases": window["phases"],
@@ -362,76 +373,128 @@ def plot(path: Path, curves: dict[str, list[float]]) -> None:
     plt.close(fig)
 
 
+OFF_KEY = "millstream_driver_read_off"  # the MILLSTREAM_DRIVER_READ=off run of --driver-read ab
+
+
+def _ratio(value: float | None, floor: float | None) -> float | None:
+    return round(value / floor, 3) if value is not None and floor else None
+
+
 def run(bench: Bench) -> dict[str, Any]:
-    mill = run_millstream(bench)
+    # Off first, then on (--driver-read ab); the last is `millstream`, the one judged.
+    mills = {mode: run_millstream(bench, mode) for mode in bench.read_modes()}
+    mill = mills[bench.main_read]
+    off = mills.get("off") if bench.driver_read == "ab" else None
     floor = run_floor(bench)
     quix = run_quix(bench)
     rows = []
+    ratios: dict[str, float | None] = {}
     for rate_key in [f"{r:.0f}" for r in bench.rates]:
-        for label, stats in (
-            ("record, millstream exactly-once", mill["record_eo"][rate_key]),
-            ("record, millstream exactly_once=False", mill["record_no_eo"][rate_key]),
+        floor_p50 = floor["record"][rate_key]["p50"]
+        labelled = []
+        for mode, found in mills.items():
+            read = f", driver read {mode}" if len(mills) > 1 else ""
+            labelled += [
+                (f"record, millstream exactly-once{read}", found["record_eo"][rate_key]),
+                (f"record, millstream exactly_once=False{read}", found["record_no_eo"][rate_key]),
+                (f"window end, millstream{read}", found["window"][rate_key]),
+            ]
+            suffix = "" if mode == bench.main_read else "_driver_read_off"
+            for part in ("record_eo", "record_no_eo", "window"):
+                ratios[f"{rate_key}/s {part}{suffix} p50 / floor p50"] = _ratio(
+                    found[part][rate_key]["p50"], floor_p50
+                )
+        labelled += [
             ("record, Spark foreachBatch floor", floor["record"][rate_key]),
-            ("window end, millstream", mill["window"][rate_key]),
             ("window end, Quix Streams", quix["window"][rate_key]),
-        ):
-            rows.append([rate_key, label, stats["n"], stats["p50"], stats["p95"], stats["p99"]])
+        ]
+        for label, stats in labelled:
+            rows.append(
+                [
+                    rate_key,
+                    label,
+                    stats["n"],
+                    stats["p50"],
+                    stats["p95"],
+                    stats["p99"],
+                    _ratio(stats["p50"], floor_p50),
+                ]
+            )
+    reads = (
+        "MILLSTREAM_DRIVER_READ off (first) and on (second, the judged run)"
+        if off is not None
+        else f"MILLSTREAM_DRIVER_READ={bench.main_read}"
+    )
     table = print_table(
         "latency (seconds) at fixed input rates; visible = read_committed consumer; "
-        f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}",
-        ["ev/s", "what", "n", "p50", "p95", "p99"],
+        f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}; {reads}",
+        ["ev/s", "what", "n", "p50", "p95", "p99", "p50/floor p50"],
         rows,
     )
-    seen = mill["committed_reader_count"]
-    memory = (
-        f"peak RSS: pass-through pipeline (2 computations) {mill['peak_rss_mb']} MB, "
-        f"window counter {mill['window_peak_rss_mb']} MB, Spark floor {floor['peak_rss_mb']} MB, "
-        f"Quix {quix['peak_rss_mb']} MB; query restarts: millstream {mill['query_restarts']}, "
-        f"floor {floor['query_restarts']}"
-        f"\nsent {mill['sent']} records; the marker-aware read_committed reader sees "
-        f"{seen[PARTS[0]]} (exactly-once) and {seen[PARTS[1]]} (exactly_once=False) outputs"
-        + ("" if mill["drained"] else "; the pipeline had not caught up")
+    memory = ""
+    for mode, found in mills.items():
+        seen = found["committed_reader_count"]
+        memory += (
+            ("\n" if memory else "")
+            + (f"driver read {mode}: " if len(mills) > 1 else "")
+            + f"peak RSS: pass-through pipeline (2 computations) {found['peak_rss_mb']} MB, "
+            f"window counter {found['window_peak_rss_mb']} MB; query restarts "
+            f"{found['query_restarts']}; sent {found['sent']} records; the marker-aware "
+            f"read_committed reader sees {seen[PARTS[0]]} (exactly-once) and {seen[PARTS[1]]} "
+            "(exactly_once=False) outputs"
+            + ("" if found["drained"] else "; the pipeline had not caught up")
+        )
+        for what in ("records_pipeline", "window_pipeline"):
+            memory += f"\n{what.split('_')[0]}: " + trigger_line(found[what]["spark"])
+    memory += (
+        f"\npeak RSS: Spark floor {floor['peak_rss_mb']} MB, Quix {quix['peak_rss_mb']} MB; "
+        f"query restarts: floor {floor['query_restarts']}"
     )
-    for what in ("records_pipeline", "window_pipeline"):
-        memory += f"\n{what.split('_')[0]}: " + trigger_line(mill[what]["spark"])
     print(f"  {memory}\n", flush=True)
     table += "\n" + memory
     curves: dict[str, list[float]] = {}
     for rate in bench.rates:
-        inside = Phase(**next(p for p in mill["phases"] if p["rate"] == rate))
-        for name, samples in (
-            ("millstream EO", mill["raw_record"][PARTS[0]]),
-            ("millstream no EO", mill["raw_record"][PARTS[1]]),
-        ):
-            curves[f"record, {name}, {rate:.0f}/s"] = [
-                lat / 1000 for sent, lat in samples if inside.holds_send(sent)
-            ]
+        for mode, found in mills.items():
+            read = f", read {mode}" if len(mills) > 1 else ""
+            inside = Phase(**next(p for p in found["phases"] if p["rate"] == rate))
+            for name, samples in (
+                ("millstream EO", found["raw_record"][PARTS[0]]),
+                ("millstream no EO", found["raw_record"][PARTS[1]]),
+            ):
+                curves[f"record, {name}{read}, {rate:.0f}/s"] = [
+                    lat / 1000 for sent, lat in samples if inside.holds_send(sent)
+                ]
         floor_phase = Phase(**next(p for p in floor["phases"] if p["rate"] == rate))
         curves[f"record, Spark floor, {rate:.0f}/s"] = [
             lat / 1000 for sent, lat in floor["raw"] if floor_phase.holds_send(sent)
         ]
-        for name, found, key in (("millstream", mill, "window_phases"), ("Quix", quix, "phases")):
+        windowed = [
+            (f"millstream{f', read {mode}' if len(mills) > 1 else ''}", found, "window_phases")
+            for mode, found in mills.items()
+        ]
+        for name, found, key in [*windowed, ("Quix", quix, "phases")]:
             window_phase = Phase(**next(p for p in found[key] if p["rate"] == rate))
             curves[f"window end, {name}, {rate:.0f}/s"] = [
                 lat / 1000 for w, lat in found["raw_window"] if window_phase.holds_window(w)
             ]
     png = bench.output / "latency_cdf.png"
     plot(png, curves)
-    for holder, raw in (
-        (mill, "raw_record"),
-        (mill, "raw_window"),
-        (floor, "raw"),
-        (quix, "raw_window"),
-    ):
-        holder.pop(raw)
+    for found in mills.values():
+        found.pop("raw_record")
+        found.pop("raw_window")
+    floor.pop("raw")
+    quix.pop("raw_window")
     result = {
         "scenario": NAME,
         "rates": bench.rates,
         "seconds_per_rate": bench.rate_seconds,
         "idle_slack_ms": IDLE_SLACK_MS,
+        "driver_read": bench.driver_read,
         "millstream": mill,
+        **({OFF_KEY: off} if off is not None else {}),
         "spark_floor": floor,
         "quix": quix,
+        "ratios": ratios,
         "table": table,
         "plots": [str(png)],
     }

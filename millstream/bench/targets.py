@@ -14,6 +14,13 @@ as it was recorded before that runtime was removed (`baseline`, `baseline_met`, 
 benchmarks/results/fused-ab). Ratios to a peer (the Spark floor, Quix Streams) are each taken
 within their own run; seconds and megabytes across two runs also differ by the machine's load.
 
+With `--driver-read ab` the run also measured its millstream pipelines with
+MILLSTREAM_DRIVER_READ=off (`millstream_driver_read_off` in the latency and watermarks
+results, the `millstream-eo-read-off` throughput row): targets are judged on the on figures
+as before, and each entry carries the off value of the same target from the same run in
+`driver_read_off` (null when not measured). `driver_read` says which setting `measured` ran
+with (off only for a `--driver-read off` run, whose `driver_read_off` is then `measured`).
+
 Targets (2-core machine, embedded Redis and broker, exactly-once and strong productions on):
 - watermarks, three stages at 1,000 events/s with MILLSTREAM_IDLE_SLACK_MS=500: the median lag
   of stage 1 <= 1.8 s, and each further stage adds <= 0.3 s to the median of the one before;
@@ -31,6 +38,8 @@ import itertools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+OFF_KEY = "millstream_driver_read_off"  # latency and watermarks results of --driver-read ab
+READ_OFF_ROW = "millstream-eo-read-off"  # the throughput row of --driver-read ab
 RATE = 1000.0  # events/s at which the watermark and latency targets are defined
 RATE_KEY = f"{RATE:.0f}"
 IDLE_SLACK_MS = 500  # the watermark target's MILLSTREAM_IDLE_SLACK_MS
@@ -126,6 +135,7 @@ def _absent(name: str, unit: str, comparison: str, goal: float | None, why: str)
         "baseline": None,
         "baseline_met": None,
         "baseline_source": BASELINE_SOURCE,
+        "driver_read_off": None,
         "detail": f"not measured in this run: {why}",
     }
 
@@ -147,6 +157,29 @@ def _profile(run: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not batches and not spark:
         return None
     return {"batches": batches, "spark_triggers": spark}
+
+
+def _with_off(
+    entry: dict[str, Any], read: str, off: float | None, digits: int = 3
+) -> dict[str, Any]:
+    """`entry` with `driver_read` (the setting `measured` ran with) and `driver_read_off`
+    (the same target's value with MILLSTREAM_DRIVER_READ=off in the same run, or null)."""
+    if read == "off" and off is None:
+        off = entry["measured"]
+    entry["driver_read"] = read
+    entry["driver_read_off"] = _round(off, digits)
+    if read == "off":
+        entry["detail"] += " Measured with MILLSTREAM_DRIVER_READ=off (--driver-read off)."
+    elif off is not None:
+        entry["detail"] += (
+            f" With MILLSTREAM_DRIVER_READ=off in the same run: {_round(off, digits)} "
+            f"{entry['unit']}."
+        )
+    return entry
+
+
+def _read_of(run: Mapping[str, Any] | None) -> str:
+    return str((run or {}).get("driver_read") or "on")
 
 
 # ------------------------------------------------------------------------------ watermarks
@@ -186,6 +219,11 @@ def watermark_targets(
     stages = run.get("stages", {})
     medians = [stages.get(s, {}).get("median_s") for s in STAGES]
     measured = _steps(medians)
+    off_run = result.get(OFF_KEY)
+    off_steps: list[float | None] = [None] * len(STAGES)
+    if off_run:
+        off_stages = off_run.get("stages", {})
+        off_steps = _steps([off_stages.get(s, {}).get("median_s") for s in STAGES])
     baseline = _steps(BASELINE["watermark_medians_s"])
     context = (
         f"3-stage pipeline at {rate:.0f} events/s, MILLSTREAM_IDLE_SLACK_MS={slack}; medians "
@@ -200,7 +238,7 @@ def watermark_targets(
             entry["profile"] = _profile(run)
         if measured[index] is None:
             entry["detail"] = "no lag samples for this stage in this run. " + entry["detail"]
-        out.append(entry)
+        out.append(_with_off(entry, _read_of(run), off_steps[index]))
     return out
 
 
@@ -273,6 +311,9 @@ def latency_targets(
     )
     if record["met"] is False:
         record["profile"] = _profile(mill.get("records_pipeline"))
+    off = result.get(OFF_KEY)
+    off_record = _stat(off, "record_eo")
+    _with_off(record, _read_of(mill), None if off_record is None else off_record / floor_p50)
 
     slack_ms = result.get("idle_slack_ms")
     goal = None if slack_ms is None else floor_p50 + float(slack_ms) / 1000
@@ -305,6 +346,7 @@ def latency_targets(
         window["detail"] = "the latency result does not state its idle slack. " + window["detail"]
     if window["met"] is False:
         window["profile"] = _profile(mill.get("window_pipeline"))
+    _with_off(window, _read_of(mill), _stat(off, "window"))
     return [record, window]
 
 
@@ -368,6 +410,15 @@ def throughput_targets(
     )
     if entry["met"] is False:
         entry["profile"] = _profile(mill)  # the median run's
+    off_row = by.get(READ_OFF_ROW)
+    off_rate = None if off_row is None else rate(off_row)
+    _with_off(
+        entry,
+        str(mill.get("driver_read") or "on"),
+        None if off_rate is None or not theirs else off_rate / theirs,
+    )
+    if off_row is not None:
+        entry["driver_read_off_events_per_s"] = off_rate
     return [entry]
 
 
@@ -395,8 +446,30 @@ def rss_by_pipeline(results: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in found.items() if v}
 
 
+def rss_off_by_pipeline(results: Mapping[str, Any]) -> dict[str, float]:
+    """Peak RSS in MB of the MILLSTREAM_DRIVER_READ=off pipelines of a --driver-read ab run."""
+    found: dict[str, Any] = {}
+    watermarks = (results.get("watermarks") or {}).get(OFF_KEY)
+    if watermarks:
+        found["watermarks, 3 stages"] = watermarks.get("peak_rss_mb")
+    latency = (results.get("latency") or {}).get(OFF_KEY)
+    if latency:
+        found["latency, 2 pass-throughs"] = latency.get("peak_rss_mb")
+        found["latency, window counter"] = latency.get("window_peak_rss_mb")
+    return {k: float(v) for k, v in found.items() if v}
+
+
+def _main_read(results: Mapping[str, Any]) -> str:
+    for scenario in ("watermarks", "latency"):
+        run = (results.get(scenario) or {}).get("millstream")
+        if run:
+            return _read_of(run)
+    return "on"
+
+
 def rss_target(results: Mapping[str, Any], failed: Collection[str] = ()) -> dict[str, Any]:
     pipelines = rss_by_pipeline(results)
+    off_rss = rss_off_by_pipeline(results)
     if not pipelines:
         ran = [s for s in ("watermarks", "latency", "throughput") if s in results]
         why = (
@@ -432,7 +505,7 @@ def rss_target(results: Mapping[str, Any], failed: Collection[str] = ()) -> dict
         per_pipeline={k: {"measured": v, "baseline": recorded[k]} for k, v in pipelines.items()},
     )
     entry["below_baseline"] = measured < baseline
-    return entry
+    return _with_off(entry, _main_read(results), max(off_rss.values()) if off_rss else None, 1)
 
 
 # ------------------------------------------------------------------------------ all
@@ -451,13 +524,18 @@ def compute(results: Mapping[str, Any], failed: Collection[str] = ()) -> list[di
 def table(entries: list[dict[str, Any]]) -> str:
     """The targets as a markdown table (for the results README)."""
     lines = [
-        "| target | measured | goal | met | baseline (queries runtime, fused-ab) |",
-        "|---|---|---|---|---|",
+        "| target | measured | goal | met | driver read off (same run) "
+        "| baseline (queries runtime, fused-ab) |",
+        "|---|---|---|---|---|---|",
     ]
     for e in entries:
         met = {True: "yes", False: "**no**", None: "not measured"}[e["met"]]
         goal = "-" if e["goal"] is None else f"{e['comparison']} {e['goal']} {e['unit']}"
         measured = "-" if e["measured"] is None else f"{e['measured']} {e['unit']}"
         baseline = "-" if e.get("baseline") is None else f"{e['baseline']} {e['unit']}"
-        lines.append(f"| {e['name']} | {measured} | {goal} | {met} | {baseline} |")
+        off = e.get("driver_read_off")
+        off_cell = "-" if off is None else f"{off} {e['unit']}"
+        if e.get("driver_read") == "off":
+            measured += " (driver read off)"
+        lines.append(f"| {e['name']} | {measured} | {goal} | {met} | {off_cell} | {baseline} |")
     return "\n".join(lines)

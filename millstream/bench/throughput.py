@@ -16,6 +16,10 @@ counted a small separate topic (JVM, Python workers and imports warm for every m
 each run's start-up is counted from the end of the previous one. Every system runs
 `REPEATS` times (the millstream variants interleaved in their process) and is reported by its
 median run, with every repeat's rate beside it.
+
+With `--driver-read ab` a third millstream variant, `millstream-eo-read-off` (exactly-once,
+MILLSTREAM_DRIVER_READ=off for its run only), is interleaved with the other two; the others
+run with it on.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from millstream.bench._harness import (
 from millstream.bench._workload import new_topic, preload
 
 NAME = "throughput"
+READ_OFF = "millstream-eo-read-off"  # the exactly-once variant, MILLSTREAM_DRIVER_READ=off
 REPEATS = 3  # each system's rate is the median of this many runs (1 with --quick)
 
 
@@ -93,6 +98,7 @@ class Variant:
     label: str
     exactly_once: bool = True
     shards: int = 8
+    driver_read: str | None = None  # MILLSTREAM_DRIVER_READ of this run; None: the process's
 
 
 def run_millstream(
@@ -110,7 +116,7 @@ def run_millstream(
             "exactly_once": variant.exactly_once,
             "output_topic": new_topic(bench.kafka, f"{app}-out"),
         }
-        return {
+        config = {
             "app": app,
             "bootstrap": bench.bootstrap,
             "input_topic": source,
@@ -118,6 +124,9 @@ def run_millstream(
             "parts": [part],
             "events": n,
         }
+        if variant.driver_read is not None:
+            config["driver_read"] = variant.driver_read
+        return config
 
     warm_events = 2 * batch_cap(events)
     warm = window_count(warmup_topic(bench, warm_events), variants[0], warm_events)
@@ -137,9 +146,10 @@ def run_millstream(
         since = time.monotonic()
         for variant, config in zip(variants, configs, strict=True):
             app = str(config["app"])
+            read = variant.driver_read or bench.main_read
             say(
                 f"{variant.label}: {events} events, exactly_once={variant.exactly_once}, "
-                f"{master}, {variant.shards} shards"
+                f"{master}, {variant.shards} shards, driver read {read}"
             )
             profile = BatchProfile(client, app, ["window_counter"])
             profile.start()
@@ -158,6 +168,7 @@ def run_millstream(
             result.update(
                 system=variant.label,
                 exactly_once=variant.exactly_once,
+                driver_read=read,
                 master=master,
                 shards=variant.shards,
                 profile=profile.summary(),
@@ -248,8 +259,10 @@ def run(bench: Bench) -> dict[str, Any]:
     load = preload(bench.kafka, topic, events)
     repeats = 1 if bench.quick else REPEATS
     variants = [Variant("millstream-eo"), Variant("millstream-no-eo", exactly_once=False)]
-    # Interleaved (eo, no-eo, eo, ...) in one process, so drift in the machine's load and the
-    # JVM's warmth spreads over both variants alike.
+    if bench.driver_read == "ab":
+        variants.append(Variant(READ_OFF, driver_read="off"))
+    # Interleaved (eo, no-eo, [eo-read-off,] eo, ...) in one process, so drift in the machine's
+    # load and the JVM's warmth spreads over every variant alike.
     runs = run_millstream(bench, topic, events, variants * repeats)
     rows = [median_run([r for r in runs if r["system"] == v.label]) for v in variants]
     rows.append(median_run([run_quix(bench, topic, events) for _ in range(repeats)]))
@@ -265,11 +278,16 @@ def run(bench: Bench) -> dict[str, Any]:
         "millstream_eo/quix": ratio("millstream-eo", "quix"),
         "millstream_eo/plain_spark": ratio("millstream-eo", "plain-spark"),
     }
+    if READ_OFF in by:
+        ratios["millstream_eo_read_off/millstream_eo"] = ratio(READ_OFF, "millstream-eo")
+        ratios["millstream_eo_read_off/quix"] = ratio(READ_OFF, "quix")
     table = print_table(
-        f"throughput: {events:,} events, 1,000 Zipf keys, 4 partitions, 1 s tumbling count",
+        f"throughput: {events:,} events, 1,000 Zipf keys, 4 partitions, 1 s tumbling count; "
+        "driver read = MILLSTREAM_DRIVER_READ of the millstream rows",
         [
             "system",
             "exactly-once",
+            "driver read",
             "events/s (median)",
             "repeats",
             "startup s",
@@ -281,6 +299,7 @@ def run(bench: Bench) -> dict[str, Any]:
             [
                 r["system"],
                 "yes" if r["exactly_once"] else "no",
+                r.get("driver_read", "-"),
                 r["events_per_s"],
                 " / ".join(f"{x:,.0f}" for x in r["repeats_events_per_s"] if x),
                 r["startup_s"],
@@ -297,6 +316,7 @@ def run(bench: Bench) -> dict[str, Any]:
         "events": events,
         "input_topic": topic,
         "preload": load,
+        "driver_read": bench.driver_read,
         "runs": rows,
         "ratios": ratios,
         "table": table,

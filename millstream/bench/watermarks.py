@@ -9,6 +9,10 @@ micro-batch) and runs with MILLSTREAM_IDLE_SLACK_MS=500 (`IDLE_SLACK_MS`: a caug
 partition's watermark is now - 0.5 s, a floor under every stage's lag). Its batches are
 profiled from what the runtime leaves in Redis (`BatchProfile`): batch seconds per computation
 and the fused batch's phases.
+
+With `--driver-read ab` the pipeline runs twice at the same rate, first with
+MILLSTREAM_DRIVER_READ=off (result key `millstream_driver_read_off`), then on (`millstream`):
+lag per stage and the batch profile (phases, `read` included) of each.
 """
 
 from __future__ import annotations
@@ -40,23 +44,35 @@ SKIP_S = 5.0  # the first seconds of traffic: stages are still catching up with 
 IDLE_SLACK_MS = 500  # MILLSTREAM_IDLE_SLACK_MS of the run (issue #16)
 
 
-def plot(path: Path, found: dict[str, Any], rate: float) -> None:
-    """Lag per stage over time."""
+def plot(path: Path, found: dict[str, Any], rate: float, off: dict[str, Any] | None = None) -> None:
+    """Lag per stage over time; `off`, when given, the driver-read-off run's, dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    start_ms = found["traffic_start_ms"]
-    for stage in THREE_STAGES:
-        points = [
-            ((s["t"] - start_ms) / 1000, s[stage] / 1000)
-            for s in found["samples"]
-            if s.get(stage) is not None
-        ]
-        if points:
-            ax.plot(*zip(*points, strict=True), label=stage, linewidth=1.2)
+    runs = (
+        [(found, "", "-")]
+        if off is None
+        else [(off, ", read off", "--"), (found, ", read on", "-")]
+    )
+    for run, suffix, style in runs:
+        start_ms = run["traffic_start_ms"]
+        for index, stage in enumerate(THREE_STAGES):
+            points = [
+                ((s["t"] - start_ms) / 1000, s[stage] / 1000)
+                for s in run["samples"]
+                if s.get(stage) is not None
+            ]
+            if points:
+                ax.plot(
+                    *zip(*points, strict=True),
+                    style,
+                    label=stage + suffix,
+                    linewidth=1.2,
+                    color=f"C{index}",
+                )
     ax.set_xlabel(f"seconds since traffic start ({rate:.0f} events/s)")
     ax.set_ylabel("low watermark lag (s)")
     ax.grid(True, alpha=0.3)
@@ -71,8 +87,9 @@ def plot(path: Path, found: dict[str, Any], rate: float) -> None:
     plt.close(fig)
 
 
-def _measure(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
-    """One three-stage pipeline process under `rate` events/s; lag statistics per stage."""
+def _measure(bench: Bench, rate: float, seconds: float, driver_read: str) -> dict[str, Any]:
+    """One three-stage pipeline process under `rate` events/s, MILLSTREAM_DRIVER_READ set to
+    `driver_read`; lag statistics per stage."""
     app = f"bw-{uuid.uuid4().hex[:8]}"
     folder = bench.run_dir(NAME)
     topic = new_topic(bench.kafka, f"{app}-in")
@@ -90,9 +107,11 @@ def _measure(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
     profile = BatchProfile(client, app, THREE_STAGES)
     say(
         f"{NAME}: three stages, {rate:.0f} events/s for {seconds:.0f}s, "
-        f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}"
+        f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}, MILLSTREAM_DRIVER_READ={driver_read}"
     )
-    with millstream_pipeline(bench, config, folder, idle_slack_ms=IDLE_SLACK_MS) as process:
+    with millstream_pipeline(
+        bench, config, folder, idle_slack_ms=IDLE_SLACK_MS, driver_read=driver_read
+    ) as process:
         process.wait_for(
             "every stage's first batch",
             lambda: all(metric(client, app, s, "batches") > 0 for s in THREE_STAGES),
@@ -126,6 +145,7 @@ def _measure(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
         }
     return {
         "idle_slack_ms": IDLE_SLACK_MS,
+        "driver_read": driver_read,
         "app": app,
         "log": str(process.log_path),
         "stages": stats,
@@ -158,46 +178,65 @@ def profile_line(profile: dict[str, Any]) -> str:
     return line + f"; {own.get('batches', 0)} such batches seen)"
 
 
+OFF_KEY = "millstream_driver_read_off"  # the MILLSTREAM_DRIVER_READ=off run of --driver-read ab
+
+
 def run(bench: Bench) -> dict[str, Any]:
-    """The three-stage pipeline at the first rate, MILLSTREAM_IDLE_SLACK_MS=500."""
+    """The three-stage pipeline at the first rate, MILLSTREAM_IDLE_SLACK_MS=500 (twice, driver
+    read off then on, with --driver-read ab)."""
     rate = bench.rates[0]
     seconds = max(bench.rate_seconds, 20.0) if bench.quick else max(2 * bench.rate_seconds, 30.0)
-    found = _measure(bench, rate, seconds)
+    runs = {mode: _measure(bench, rate, seconds, mode) for mode in bench.read_modes()}
+    found = runs[bench.main_read]
+    off = runs.get("off") if bench.driver_read == "ab" else None
+    both = len(runs) > 1
     table = print_table(
         f"low watermark lag per stage at {rate:.0f} events/s (after the first {SKIP_S:.0f}s), "
-        f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}",
-        ["stage", "samples", "median s", "p95 s", "max s", "batches", "records"],
+        f"MILLSTREAM_IDLE_SLACK_MS={IDLE_SLACK_MS}, "
+        + (
+            "MILLSTREAM_DRIVER_READ off (first) and on (second, the judged run)"
+            if both
+            else f"MILLSTREAM_DRIVER_READ={bench.main_read}"
+        ),
+        ["stage", "driver read", "samples", "median s", "p95 s", "max s", "batches", "records"],
         [
             [
                 s,
-                found["stages"][s]["samples"],
-                found["stages"][s]["median_s"],
-                found["stages"][s]["p95_s"],
-                found["stages"][s]["max_s"],
-                found["batches"][s],
-                found["records"][s],
+                mode,
+                run["stages"][s]["samples"],
+                run["stages"][s]["median_s"],
+                run["stages"][s]["p95_s"],
+                run["stages"][s]["max_s"],
+                run["batches"][s],
+                run["records"][s],
             ]
+            for mode, run in runs.items()
             for s in THREE_STAGES
         ],
     )
-    memory = (
-        f"sent {found['sent']} events; peak RSS {found['peak_rss_mb']} MB; query restarts "
-        f"{found['query_restarts']}"
-    )
-    if not found["caught_up"]:
-        memory += "; not caught up 5 s after the traffic"
-    memory += "\n" + profile_line(found["profile"])
-    memory += "\n" + trigger_line(found["spark"])
+    memory = ""
+    for mode, run in runs.items():
+        memory += ("\n" if memory else "") + (f"driver read {mode}: " if both else "")
+        memory += (
+            f"sent {run['sent']} events; peak RSS {run['peak_rss_mb']} MB; query restarts "
+            f"{run['query_restarts']}"
+        )
+        if not run["caught_up"]:
+            memory += "; not caught up 5 s after the traffic"
+        memory += "\n  " + profile_line(run["profile"])
+        memory += "\n  " + trigger_line(run["spark"])
     print(f"  {memory}\n", flush=True)
     table += "\n" + memory
     png = bench.output / "watermark_lag.png"
-    plot(png, found, rate)
+    plot(png, found, rate, off)
     result = {
         "scenario": NAME,
         "rate": rate,
         "seconds": seconds,
         "idle_slack_ms": IDLE_SLACK_MS,
+        "driver_read": bench.driver_read,
         "millstream": found,
+        **({OFF_KEY: off} if off is not None else {}),
         "table": table,
         "plots": [str(png)],
     }

@@ -79,3 +79,51 @@ def test_bench_topologies_build_without_a_delivery_option(kind: str) -> None:
     topology = build(config)
     expected = THREE_STAGES if kind == "three_stage" else ("pass_eo", "win")
     assert tuple(topology.computations) == expected
+
+
+def test_driver_read_reaches_the_pipeline_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--driver-read` -> Bench.driver_read -> MILLSTREAM_DRIVER_READ of every pipeline (the
+    parent's own value is dropped); a scenario can ask for one setting per pipeline (ab), and
+    the throughput worker for one per run of its series."""
+    import argparse
+
+    from millstream.bench._worker import run_settings
+    from millstream.bench.cli import _bench_from, add_arguments
+
+    monkeypatch.setenv("MILLSTREAM_DRIVER_READ", "off")  # the parent's: never inherited
+
+    def bench_for(*argv: str) -> Bench:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        args = parser.parse_args(["--quick", "--output", str(tmp_path), *argv])
+        return _bench_from(args, "redis://127.0.0.1:6379/0", "127.0.0.1:9092", tmp_path)
+
+    def read(bench: Bench, **env: Any) -> str:
+        found = bench.pipeline_env("app", tmp_path, **env)
+        assert Settings.from_env(found).driver_read == (found["MILLSTREAM_DRIVER_READ"] == "on")
+        return found["MILLSTREAM_DRIVER_READ"]
+
+    default, off, ab = (
+        bench_for(),
+        bench_for("--driver-read", "off"),
+        bench_for("--driver-read", "ab"),
+    )
+    assert (default.driver_read, off.driver_read, ab.driver_read) == ("on", "off", "ab")
+    assert (read(default), read(off), read(ab)) == ("on", "off", "on")
+    assert (default.read_modes(), off.read_modes(), ab.read_modes()) == (
+        ["on"],
+        ["off"],
+        ["off", "on"],
+    )
+    assert read(ab, driver_read="off") == "off" and read(default, driver_read="off") == "off"
+    with pytest.raises(ValueError):
+        default.pipeline_env("app", tmp_path, driver_read="ab")
+    with pytest.raises(SystemExit):
+        bench_for("--driver-read", "sometimes")
+
+    settings = Settings.from_env(default.pipeline_env("app", tmp_path))
+    assert run_settings(settings, {}) is settings
+    assert run_settings(settings, {"driver_read": "off"}).driver_read is False
+    assert run_settings(settings, {"driver_read": "on"}).driver_read is True

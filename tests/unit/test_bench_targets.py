@@ -327,7 +327,8 @@ def test_the_results_page_shows_the_targets_table(tmp_path: Path) -> None:
     }
     page = report(tmp_path, machine, {"quick": False, "scenarios": {}})
     assert "## Targets" in page
-    assert f"| {targets.THROUGHPUT_NAME} | 1.25 x | >= 1.0 x | yes | 0.422 x |" in page
+    assert f"| {targets.THROUGHPUT_NAME} | 1.25 x | >= 1.0 x | yes | - | 0.422 x |" in page
+    assert "driver read off (same run)" in page
     assert "baseline (queries runtime, fused-ab)" in page
     assert "not measured" in page
 
@@ -393,7 +394,7 @@ def test_the_scenarios_results_are_what_the_targets_read(
     floor |= {"peak_rss_mb": 900.0, "query_restarts": 0}
     quix = {"phases": [phase], "window": _lat(0.25), "raw_window": [(3000, 250)]}
     quix |= {"peak_rss_mb": 95.0}
-    monkeypatch.setattr(lat, "run_millstream", lambda bench: mill)
+    monkeypatch.setattr(lat, "run_millstream", lambda bench, driver_read: mill)
     monkeypatch.setattr(lat, "run_floor", lambda bench: floor)
     monkeypatch.setattr(lat, "run_quix", lambda bench: quix)
     found = {
@@ -409,7 +410,7 @@ def test_the_scenarios_results_are_what_the_targets_read(
         "peak_rss_mb": 1500.0,
         "query_restarts": 0,
     }
-    monkeypatch.setattr(wm, "_measure", lambda bench, rate, seconds: found)
+    monkeypatch.setattr(wm, "_measure", lambda bench, rate, seconds, driver_read: found)
     results = {"latency": lat.run(bench), "watermarks": wm.run(bench)}
     assert "millstream exactly-once" in results["latency"]["table"]
     assert "fused" not in results["latency"]["table"]
@@ -418,4 +419,163 @@ def test_the_scenarios_results_are_what_the_targets_read(
     assert entries[targets.WINDOW_NAME]["measured"] == 2.5
     assert entries[targets.WATERMARK_NAMES[0]]["met"] is True
     assert entries[targets.RSS_NAME]["measured"] == 1800.0
+    assert all(e["driver_read_off"] is None for e in entries.values())  # not measured
+    assert "MILLSTREAM_DRIVER_READ=on" in results["watermarks"]["table"]
     assert (tmp_path / "latency_cdf.png").exists() and (tmp_path / "watermark_lag.png").exists()
+
+
+def test_driver_read_ab_reports_off_and_on_and_targets_carry_the_off_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--driver-read ab: latency and watermarks run their millstream pipelines off, then on;
+    both are reported (`millstream` = on, `millstream_driver_read_off`), the targets judge
+    the on figures and carry the off ones (`driver_read_off`)."""
+    from millstream.bench import latency as lat
+    from millstream.bench import watermarks as wm
+    from millstream.bench._harness import Bench
+
+    bench = Bench(tmp_path, tmp_path, "redis://x", "x:1", True, 1000, [1000.0], 5.0)
+    bench.driver_read = "ab"
+    phase = {"rate": 1000.0, "start_ms": 0, "end_ms": 60_000, "sent": 10}
+    pipeline = {"spark": {}, "profile": FUSED_PROFILE}
+    order: list[str] = []
+
+    def canned_latency(bench: Bench, driver_read: str) -> dict[str, Any]:
+        order.append(f"latency {driver_read}")
+        record, window = (1.0, 2.5) if driver_read == "on" else (1.8, 3.0)
+        return {
+            "driver_read": driver_read,
+            "phases": [phase],
+            "window_phases": [phase],
+            "record_eo": _lat(record),
+            "record_no_eo": _lat(record),
+            "window": _lat(window),
+            "raw_record": {lat.PARTS[0]: [(3000, 900)], lat.PARTS[1]: [(3000, 800)]},
+            "raw_window": [(3000, 2500)],
+            "records_pipeline": pipeline,
+            "window_pipeline": pipeline,
+            "peak_rss_mb": 1800.0 if driver_read == "on" else 2100.0,
+            "window_peak_rss_mb": 1300.0,
+            "query_restarts": 0,
+            "drained": True,
+            "sent": 10,
+            "committed_reader_count": {lat.PARTS[0]: 10, lat.PARTS[1]: 10},
+        }
+
+    floor = {"phases": [phase], "record": _lat(0.9), "raw": [(3000, 900)]}
+    floor |= {"peak_rss_mb": 900.0, "query_restarts": 0}
+    quix = {"phases": [phase], "window": _lat(0.25), "raw_window": [(3000, 250)]}
+    quix |= {"peak_rss_mb": 95.0}
+
+    def canned_watermarks(
+        bench: Bench, rate: float, seconds: float, driver_read: str
+    ) -> dict[str, Any]:
+        order.append(f"watermarks {driver_read}")
+        medians = (1.5, 1.6, 1.6) if driver_read == "on" else (2.5, 2.9, 3.0)
+        return {
+            "driver_read": driver_read,
+            "stages": _stages(medians),
+            "batches": dict.fromkeys(targets.STAGES, 5),
+            "records": dict.fromkeys(targets.STAGES, 10),
+            "sent": 10,
+            "caught_up": True,
+            "profile": FUSED_PROFILE,
+            "spark": {},
+            "samples": [{"t": 6000, **dict.fromkeys(targets.STAGES, 1500)}],
+            "traffic_start_ms": 0,
+            "peak_rss_mb": 1500.0,
+            "query_restarts": 0,
+        }
+
+    monkeypatch.setattr(lat, "run_millstream", canned_latency)
+    monkeypatch.setattr(lat, "run_floor", lambda bench: floor)
+    monkeypatch.setattr(lat, "run_quix", lambda bench: quix)
+    monkeypatch.setattr(wm, "_measure", canned_watermarks)
+    results = {"latency": lat.run(bench), "watermarks": wm.run(bench)}
+    assert order == ["latency off", "latency on", "watermarks off", "watermarks on"]
+    latency_result, watermark_result = results["latency"], results["watermarks"]
+    assert latency_result["millstream"]["driver_read"] == "on"
+    assert latency_result["millstream_driver_read_off"]["driver_read"] == "off"
+    assert "record, millstream exactly-once, driver read off" in latency_result["table"]
+    assert "record, millstream exactly-once, driver read on" in latency_result["table"]
+    assert latency_result["ratios"]["1000/s record_eo p50 / floor p50"] == 1.111
+    assert latency_result["ratios"]["1000/s record_eo_driver_read_off p50 / floor p50"] == 2.0
+    assert watermark_result["millstream_driver_read_off"]["stages"]["window_counter"][
+        "median_s"
+    ] == (2.5)
+    assert "driver read off: sent" in watermark_result["table"]
+    assert "driver read on: sent" in watermark_result["table"]
+
+    throughput_result = throughput()
+    throughput_result["runs"].append(
+        {"system": targets.READ_OFF_ROW, "events_per_s": 12_000.0, "driver_read": "off"}
+    )
+    results["throughput"] = throughput_result
+    entries = by_name(targets.compute(results))
+    record = entries[targets.RECORD_NAME]
+    assert record["measured"] == pytest.approx(1.0 / 0.9, abs=1e-3)  # judged on "on"
+    assert record["driver_read"] == "on" and record["driver_read_off"] == 2.0
+    assert "MILLSTREAM_DRIVER_READ=off in the same run: 2.0 x" in record["detail"]
+    assert entries[targets.WINDOW_NAME]["driver_read_off"] == 3.0
+    steps = [entries[n]["driver_read_off"] for n in targets.WATERMARK_NAMES]
+    assert steps == [2.5, 0.4, 0.1]
+    assert entries[targets.WATERMARK_NAMES[0]]["met"] is True
+    assert entries[targets.THROUGHPUT_NAME]["driver_read_off"] == 0.75  # 12,000 / 16,000
+    assert entries[targets.THROUGHPUT_NAME]["driver_read_off_events_per_s"] == 12_000.0
+    assert entries[targets.RSS_NAME]["measured"] == 2000.0  # the throughput process (on)
+    assert entries[targets.RSS_NAME]["driver_read_off"] == 2100.0  # latency, read off
+    assert "| 2.0 x |" in targets.table(list(entries.values()))
+
+
+def test_a_driver_read_off_run_is_judged_and_says_so() -> None:
+    result = latency()
+    result["millstream"]["driver_read"] = "off"
+    record, window = targets.latency_targets(result)
+    assert record["driver_read"] == "off"
+    assert record["driver_read_off"] == record["measured"]
+    assert "MILLSTREAM_DRIVER_READ=off" in record["detail"]
+    assert "(driver read off)" in targets.table([record, window])
+
+
+def test_driver_read_ab_interleaves_a_read_off_throughput_variant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from millstream.bench import throughput as tp
+    from millstream.bench._harness import Bench
+
+    bench = Bench(tmp_path, tmp_path, "redis://x", "x:1", True, 1000, [1000.0], 5.0)
+    bench.driver_read = "ab"
+    seen: list[tuple[str, str | None]] = []
+
+    def row(system: str, rate: float, read: str | None = None) -> dict[str, Any]:
+        return {
+            "system": system,
+            "exactly_once": system != "millstream-no-eo",
+            "events_per_s": rate,
+            "startup_s": 1.0,
+            "steady_s": 1.0,
+            "peak_rss_mb": 100.0,
+            "query_restarts": 0,
+            **({"driver_read": read} if read else {}),
+        }
+
+    def millstream(bench: Bench, topic: str, events: int, variants: Any) -> Any:
+        seen.extend((v.label, v.driver_read) for v in variants)
+        rates = {"millstream-eo": 20_000.0, "millstream-no-eo": 24_000.0}
+        return [row(v.label, rates.get(v.label, 10_000.0), v.driver_read or "on") for v in variants]
+
+    monkeypatch.setattr(tp, "new_topic", lambda kafka, name: name)
+    monkeypatch.setattr(tp, "preload", lambda kafka, topic, events: {})
+    monkeypatch.setattr(tp, "run_millstream", millstream)
+    monkeypatch.setattr(tp, "run_quix", lambda bench, topic, events: row("quix", 16_000.0))
+    monkeypatch.setattr(tp, "run_plain", lambda bench, topic, events: row("plain-spark", 8e3))
+    result = tp.run(bench)
+    assert seen == [
+        ("millstream-eo", None),
+        ("millstream-no-eo", None),
+        (tp.READ_OFF, "off"),
+    ]
+    assert result["ratios"]["millstream_eo_read_off/millstream_eo"] == 0.5
+    assert tp.READ_OFF in result["table"] and "driver read" in result["table"]
+    entry = targets.throughput_targets(result)[0]
+    assert entry["measured"] == 1.25 and entry["driver_read_off"] == 0.625
