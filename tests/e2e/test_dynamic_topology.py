@@ -17,8 +17,20 @@ import pytest
 from confluent_kafka import Producer
 
 from millstream import Computation, ConfigurationError, Context, Record, Topology, kafka_source
-from millstream.state.keys import ShardKeys, app_key
+from millstream.state.keys import app_key
 from tests.e2e.conftest import wait_until
+from tests.e2e.test_options import _metric
+from tests.e2e.test_options import _send as _send_keys
+from tests.e2e.test_options import _states as _states_of
+
+
+def _send(bootstrap: str, topic: str, n: int, first: int) -> Counter[str]:
+    return _send_keys(bootstrap, topic, n, keys=7, first=first)
+
+
+def _states(client: Any, app: str, comp: str) -> dict[str, int]:
+    return _states_of(client, app, comp, SHARDS)
+
 
 SHARDS = 2
 
@@ -32,29 +44,6 @@ class Forward(Computation):
 class Tally(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
         ctx.set_state(ctx.get_state(0) + 1)
-
-
-def _send(bootstrap: str, topic: str, n: int, first: int) -> Counter[str]:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    truth: Counter[str] = Counter()
-    for i in range(first, first + n):
-        key = f"k{i % 7}"
-        truth[key] += 1
-        producer.produce(topic, key=key, value=f"v{i}".encode(), headers=[("id", f"r{i}".encode())])
-    assert producer.flush(10) == 0
-    return truth
-
-
-def _metric(client: Any, app: str, comp: str, name: str) -> int:
-    return int(client.hget(app_key(app, "metrics", comp), name) or 0)
-
-
-def _states(client: Any, app: str, comp: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for shard in range(SHARDS):
-        for key, value in client.hgetall(ShardKeys(app, comp, shard).state).items():
-            out[key.decode()] = int(value)
-    return out
 
 
 def test_computations_added_and_removed_at_run_time_keep_everyone_exactly_once(

@@ -121,6 +121,29 @@ def test_sigkill_after_consumers_commit_before_acknowledgement(
     assert f"{app}.windows" not in listed
 
 
+def _send_chain(
+    producer: Producer, topic: str, rng: Any, events: list[tuple[str, str]], n: int
+) -> None:
+    """n more events for tests.e2e.chain_target, appended to `events` (id, key)."""
+    import json
+
+    for i in range(len(events), len(events) + n):
+        key = f"k{rng.randrange(6)}"
+        events.append((f"e{i}", key))
+        producer.produce(
+            topic, key=key, value=json.dumps({"e": f"e{i}", "k": key}),
+            headers=[("id", f"e{i}".encode())], partition=rng.randrange(2),
+        )  # fmt: skip
+    assert producer.flush(10) == 0
+
+
+def _collected(client: Any, app: str) -> int:
+    from tests.e2e.chain_target import SHARDS as CHAIN_SHARDS
+
+    states = shard_states(client, app, "collector", CHAIN_SHARDS)
+    return sum(len(s["events"]) for s in states.values())
+
+
 def test_sigkill_in_the_middle_of_a_three_stage_batch(
     redis_url: str,
     redis_client: Any,
@@ -133,7 +156,6 @@ def test_sigkill_in_the_middle_of_a_three_stage_batch(
     handed over by `count` in the same batch) and before `collector` ran. Restarted, `count`'s
     pending checkpoints reach `relay` again (dropped as replays) and `relay`'s reach `collector`
     for the first time: every event at every stage exactly once, against ground truth."""
-    import json
     import random
     from collections import Counter
 
@@ -156,18 +178,10 @@ def test_sigkill_in_the_middle_of_a_three_stage_batch(
     events: list[tuple[str, str]] = []
 
     def send(n: int) -> None:
-        for i in range(len(events), len(events) + n):
-            key = f"k{rng.randrange(6)}"
-            events.append((f"e{i}", key))
-            producer.produce(
-                topic, key=key, value=json.dumps({"e": f"e{i}", "k": key}),
-                headers=[("id", f"e{i}".encode())], partition=rng.randrange(2),
-            )  # fmt: skip
-        assert producer.flush(10) == 0
+        _send_chain(producer, topic, rng, events, n)
 
     def collected() -> int:
-        states = shard_states(redis_client, app, "collector", CHAIN_SHARDS)
-        return sum(len(s["events"]) for s in states.values())
+        return _collected(redis_client, app)
 
     pipeline.start()
     try:
@@ -219,7 +233,6 @@ def test_a_spark_task_retry_of_a_consumer_stage_applies_nothing_twice(
     worker exits): Spark runs the task again in the same batch, which finds its records
     applied (replays) and returns the committed productions for the hand-over. No query
     restart; every event at every stage exactly once, against ground truth."""
-    import json
     import random
     from collections import Counter
 
@@ -247,18 +260,10 @@ def test_a_spark_task_retry_of_a_consumer_stage_applies_nothing_twice(
     )
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
     events: list[tuple[str, str]] = []
-    for i in range(300):
-        key = f"k{rng.randrange(6)}"
-        events.append((f"e{i}", key))
-        producer.produce(
-            topic, key=key, value=json.dumps({"e": f"e{i}", "k": key}),
-            headers=[("id", f"e{i}".encode())], partition=rng.randrange(2),
-        )  # fmt: skip
-    assert producer.flush(10) == 0
+    _send_chain(producer, topic, rng, events, 300)
 
     def collected() -> int:
-        states = shard_states(redis_client, app, "collector", CHAIN_SHARDS)
-        return sum(len(s["events"]) for s in states.values())
+        return _collected(redis_client, app)
 
     pipeline.start()
     try:
