@@ -180,6 +180,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
             journal=tmp_path / JOURNAL,
             feeder=feeder,
             counters=counters_of(redis_client, app),
+            app=app,
         )
         phase("every production delivered")
         settled = metric(redis_client, app, "batches") + 3
