@@ -24,18 +24,20 @@ the broker acknowledged, and only when every missing production was acknowledged
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from millstream.testing.committed_reader import LogHoleError
+from millstream.testing.committed_reader import LogHole, LogHoleError
 from millstream.testing.infra import create_topic
 from tests.e2e.sink_faults import (
     JOURNAL,
     Feeder,
     Phases,
     assert_exactly_once,
+    assert_exactly_once_around_holes,
     check_plain_consumer,
     counters_of,
     metric,
@@ -113,6 +115,7 @@ def test_broker_restart_mid_run_under_load(
         truth = feeder.finish()
         phase(f"all {len(truth)} inputs acknowledged ({feeder.sent} sends)")
         assert delivered_before < len(truth), "the broker went down after all the work was done"
+        holes: list[LogHole] = []
         try:
             wait_complete(
                 pipeline,
@@ -124,16 +127,24 @@ def test_broker_restart_mid_run_under_load(
                 journal=tmp_path / JOURNAL,
                 feeder=feeder,
                 counters=counters_of(redis_client, app),
+                app=app,
             )
         except LogHoleError as exc:
             assert how == "kill9", exc  # a clean stop must never lose data
-            pytest.xfail(f"{HOLE_REASON}: {exc}")
-        phase("every production delivered")
+            # Everything else is still checked below; the hole's productions are the only
+            # ones allowed to be missing.
+            pipeline.wait_for(
+                lambda: _complete_around_holes(bootstrap, sink, mode, truth, holes),
+                240,
+                "every production the log holes did not swallow",
+            )
+        phase("every production delivered" + (f" (log holes: {holes})" if holes else ""))
         settled = metric(redis_client, app, "batches") + 3
         pipeline.wait_for(
             lambda: metric(redis_client, app, "batches") >= settled, 60, "three more batches"
         )
-        output = read_output(bootstrap, sink, mode)
+        holes.clear()
+        output = read_output(bootstrap, sink, mode, holes)
         left = pending_productions(redis_client, app)
         final_states = states(redis_client, app)
         failures = metric(redis_client, app, "delivery_failures")
@@ -142,17 +153,52 @@ def test_broker_restart_mid_run_under_load(
     finally:
         pipeline.stop(30)
 
-    assert_exactly_once(output, truth, (bootstrap, sink))
-    assert left == []
+    # Every check runs, a log hole or not; a hole only excuses what it swallowed, at the end.
     keys: dict[str, int] = {}
     for event in truth.values():
         keys[event.key] = keys.get(event.key, 0) + 1
-    assert final_states == keys
-    # The inputs the feeder's producer held while the broker was down arrived after it with their
-    # first timestamps; the injector's outage hold keeps them ahead of the watermark.
-    assert late == 0, f"{late} inputs were behind the injector watermark after the restart"
+    checks: list[tuple[str, Callable[[], None]]] = [
+        (
+            "exactly once",
+            (lambda: assert_exactly_once_around_holes(output, truth, holes))
+            if holes
+            else (lambda: assert_exactly_once(output, truth, (bootstrap, sink))),
+        ),
+        ("no checkpoint left", lambda: _equal(left, [])),
+        ("per-key state", lambda: _equal(final_states, keys)),
+        # The inputs the feeder's producer held while the broker was down arrived after it with
+        # their first timestamps; the injector's outage hold keeps them ahead of the watermark.
+        ("nothing late", lambda: _equal(late, 0)),
+    ]
+    if mode == "idempotent":  # at-least-once on the wire; DedupReader made it exactly once
+        print(f"idempotent: {output.raw} records on the wire for {len(truth)} productions")
+        checks.append(("at least once on the wire", lambda: _at_least(output.raw, len(truth))))
+    errors = []
+    for name, check in checks:
+        try:
+            check()
+        except AssertionError as exc:
+            errors.append(f"{name}: {exc}")
+    assert not errors, "\n".join(errors)
+    if holes:
+        # A plain consumer cannot read past a hole: its view is not checked then.
+        pytest.xfail(f"{HOLE_REASON}: {holes}")
     if mode == "transactional":
         check_plain_consumer(bootstrap, sink, truth)
-    else:  # at-least-once on the wire; the consumer helper (DedupReader) made it exactly once
-        print(f"idempotent: {output.raw} records on the wire for {len(truth)} productions")
-        assert output.raw >= len(truth)
+
+
+def _equal(got: object, want: object) -> None:
+    assert got == want, f"{got!r} != {want!r}"
+
+
+def _at_least(got: int, want: int) -> None:
+    assert got >= want, f"{got} < {want}"
+
+
+def _complete_around_holes(
+    bootstrap: str, sink: str, mode: str, truth: dict[str, Any], holes: list[LogHole]
+) -> bool:
+    """Every production is visible except at most one per offset the holes swallowed."""
+    holes.clear()
+    missing = set(truth) - set(read_output(bootstrap, sink, mode, holes).ids)
+    return len(missing) <= sum(h.size for h in holes)
