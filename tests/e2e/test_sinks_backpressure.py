@@ -19,8 +19,9 @@ and take input again.
 The stop can land while a commit is in flight. The sink then resumes that commit instead of
 aborting it (issue #6: aborting and trusting the broker's progress delivered some productions
 twice). Tansu can acknowledge such a commit after its restart, keep its progress offsets and
-yet abort its records; when every missing production shows exactly that in the raw log, the
-test reports an expected failure naming the broker defect.
+yet abort its records; only when the progress offsets read from the broker cover every missing
+production's sequence number and each one's records sit under an ABORT marker does the test
+report an expected failure naming the broker defect (`sink_faults.lost_commit_evidence`).
 """
 
 from __future__ import annotations

@@ -13,12 +13,14 @@ idempotent sink is at-least-once on the wire: there the view is the one its cons
 
 Tansu on s3:// storage can lose the batch it was writing when it is SIGKILLed while still
 counting it in the high watermark (a hole no Apache Kafka log has); the marker-aware reader then
-raises LogHoleError, and the test reports an expected failure naming that broker defect. After
-such a restart Tansu has also been seen to acknowledge records (and commit their transaction)
-that it then does not serve at the acknowledged offsets, or to keep a transaction without any
-marker for good, which stops read_committed there: the sink's delivery journal gives the offsets
-the broker acknowledged, and only when every missing production was acknowledged and committed
-(nothing left checkpointed) is that reported as an expected failure naming the defect.
+raises LogHoleError. The test then reads past the hole and still runs every other check
+(exactly once, with at most one missing production per lost offset; no checkpoint left; per-key
+state; nothing late), and only when they all hold reports an expected failure naming the hole.
+Productions that never arrive are an expected failure only on broker-side evidence
+(`sink_faults.wait_complete`): the sink's progress offsets on the broker cover them while their
+records sit under ABORT, an input the broker acknowledged to the test and does not serve, or a
+committed record held back by a transaction left without a marker for a whole transaction
+timeout.
 """
 
 from __future__ import annotations
