@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -284,38 +285,83 @@ def read_output(
     return Output(bodies, len(records), ids)
 
 
-def progress_offsets(
-    bootstrap: str, app: str, computation: str = "relay", stream: str = "out"
-) -> dict[int, int]:
+def _progress_consumer(bootstrap: str, app: str, shard: int) -> Any:
+    from confluent_kafka import Consumer
+
+    from millstream.sinks.base import ShardRef
+    from millstream.sinks.kafka_transactional import progress_group
+
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": progress_group(ShardRef(app, "relay", shard), "out"),
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+
+
+def _committed_progress(consumer: Any, timeout: float) -> int:
+    """One offset fetch of the progress group (never joins it)."""
+    from confluent_kafka import TopicPartition
+
+    from millstream.sinks.kafka_transactional import PROGRESS_TOPIC
+
+    (got,) = consumer.committed([TopicPartition(PROGRESS_TOPIC, 0)], timeout=timeout)
+    if got.error is not None:
+        raise AssertionError(f"progress offset fetch: {got.error}")
+    return int(got.offset)
+
+
+def progress_offsets(bootstrap: str, app: str) -> dict[int, int]:
     """Shard -> the transactional sink's progress offset (highest delivered seq + 1; negative
     when none), read from the broker's group coordinator as a read_committed consumer sees it.
 
     The sink commits it inside each Kafka transaction (`send_offsets_to_transaction`), so the
     broker holds it only for transactions it committed: a fact the product cannot fake.
     """
-    from confluent_kafka import Consumer, TopicPartition
-
-    from millstream.sinks.base import ShardRef
-    from millstream.sinks.kafka_transactional import PROGRESS_TOPIC, progress_group
-
     out: dict[int, int] = {}
     for shard in range(SHARDS):
-        consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": progress_group(ShardRef(app, computation, shard), stream),
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-            }
-        )
+        consumer = _progress_consumer(bootstrap, app, shard)
         try:
-            (got,) = consumer.committed([TopicPartition(PROGRESS_TOPIC, 0)], timeout=20)
-            if got.error is not None:
-                raise AssertionError(f"progress of shard {shard}: {got.error}")
-            out[shard] = got.offset
+            out[shard] = _committed_progress(consumer, 20)
         finally:
             consumer.close()
     return out
+
+
+class ProgressWatcher:
+    """Samples the sink's progress offsets on the broker every `every` s while a test runs.
+
+    The final offset is a high-water mark: a later commit covers an earlier lost one too. A
+    value seen in between, highest seq + 1 of one transaction, proves the broker committed the
+    offsets of that very transaction (`seen`: shard -> every value observed).
+    """
+
+    def __init__(self, bootstrap: str, app: str, every: float = 0.2) -> None:
+        self.bootstrap, self.app, self.every = bootstrap, app, every
+        self.seen: dict[int, set[int]] = {shard: set() for shard in range(SHARDS)}
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress-watcher", daemon=True)
+
+    def start(self) -> ProgressWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        consumers = [_progress_consumer(self.bootstrap, self.app, s) for s in range(SHARDS)]
+        try:
+            while not self._halt.wait(self.every):
+                for shard, consumer in enumerate(consumers):
+                    with contextlib.suppress(Exception):  # broker down: nothing to see now
+                        self.seen[shard].add(_committed_progress(consumer, 2.0))
+        finally:
+            for consumer in consumers:
+                consumer.close()
 
 
 def journal_productions(journal: Path) -> dict[str, set[tuple[int, int]]]:
@@ -341,15 +387,16 @@ def wait_complete(
     journal: Path | None = None,
     feeder: Feeder | None = None,
     counters: Callable[[], dict[str, int]] | None = None,
-    app: str | None = None,
+    progress: ProgressWatcher | None = None,
 ) -> None:
     """Wait until every input's production is visible to the mode's reader.
 
     With `checkpoints` (the productions still pending in Redis), productions that never arrive
     are reported as an expected failure only on evidence read from the broker: the transactional
-    sink's progress offsets (of `app`) cover them while their records sit under an ABORT marker
-    (`lost_commit_evidence`, which also needs the `journal` to name their sequence numbers), or
-    the raw logs show the broker lost or withholds them (`unserved_ack_evidence`).
+    sink's progress offsets (sampled during the run by `progress`) cover them, one of the values
+    seen being the offsets of their own transaction, while their records sit under an ABORT
+    marker (`lost_commit_evidence`, which also needs the `journal` to name their sequence
+    numbers), or the raw logs show the broker lost or withholds them (`unserved_ack_evidence`).
     """
     seen: list[int] = [0]
 
@@ -365,7 +412,7 @@ def wait_complete(
         pending = checkpoints() if checkpoints is not None else None
         if pending is not None and not pending and missing:
             _xfail_on_broker_evidence(
-                pipeline, bootstrap, topic, mode, truth, missing, journal, feeder, app
+                pipeline, bootstrap, topic, mode, truth, missing, journal, feeder, progress
             )
             missing = sorted(set(truth) - set(read_output(bootstrap, topic, mode).ids))
             if not missing:
@@ -378,8 +425,10 @@ def wait_complete(
                 f"{e}@p{acked[e][0]}/{acked[e][1]}" if e in acked else f"{e}: never"
                 for e in missing[:10]
             )
-        if mode == "transactional" and app is not None:
-            story += f"\nprogress offsets on the broker: {_safe(progress_offsets, bootstrap, app)}"
+        if progress is not None:
+            final = _safe(progress_offsets, bootstrap, progress.app)
+            last = {shard: sorted(values)[-10:] for shard, values in progress.seen.items()}
+            story += f"\nprogress offsets on the broker: {final} (last seen: {last})"
         if counters is not None:
             story += f"\npipeline counters: {counters()}"
         if feeder is not None:
@@ -409,7 +458,7 @@ def _xfail_on_broker_evidence(
     missing: list[str],
     journal: Path | None,
     feeder: Feeder | None,
-    app: str | None,
+    watcher: ProgressWatcher | None,
 ) -> None:
     """pytest.xfail when broker-side facts show the broker lost or withholds `missing`."""
     try:
@@ -418,10 +467,14 @@ def _xfail_on_broker_evidence(
     except Exception as exc:
         print(f"raw logs unreadable, no broker evidence: {type(exc).__name__}: {exc}")
         return  # a partition the test could not read proves nothing
-    if mode == "transactional" and app is not None and journal is not None:
-        evidence = lost_commit_evidence(
-            missing, [], partitions, journal_productions(journal), progress_offsets(bootstrap, app)
-        )
+    if mode == "transactional" and watcher is not None and journal is not None:
+        try:
+            progress = progress_offsets(bootstrap, watcher.app)
+        except Exception as exc:
+            print(f"progress offsets unreadable, no lost-commit evidence: {exc}")
+            progress = {}
+        names = journal_productions(journal)
+        evidence = lost_commit_evidence(missing, [], partitions, names, progress, watcher.seen)
         if evidence is not None:
             pytest.xfail(f"{LOST_COMMIT_REASON}: {evidence}")
     acks = feeder.acked if feeder is not None else {}
@@ -489,20 +542,20 @@ def lost_commit_evidence(
     partitions: Sequence[list[RawBatch]],
     productions: dict[str, set[tuple[int, int]]],
     progress: dict[int, int],
+    seen: dict[int, set[int]],
 ) -> str | None:
     """Evidence that the broker, not millstream, lost these productions, or None.
 
     It holds only when, for every missing production: no checkpoint is left in Redis (the sink
-    was told its commit succeeded); the broker's progress offset of its shard (`progress`, read
-    from the group coordinator: highest seq committed + 1) covers its sequence number, so the
-    broker applied the offsets of a transaction carrying it or a later one; and every copy of
-    its record in the raw log (`partitions`) sits under an ABORT marker. An Apache Kafka
-    coordinator never aborts the records of a transaction whose offsets it applied.
-    `productions` (event -> (shard, seq)) only names the production: it proves nothing itself.
-
-    Limit: progress is a high-water mark, so a later committed transaction of the same shard
-    covers the seq too; this rules out a sink that skipped or acknowledged productions the
-    broker never counted, not one that acknowledged an aborted commit and delivered on.
+    was told its commit succeeded); every copy of its record in the raw log (`partitions`) sits
+    under an ABORT marker; the broker's progress offset of its shard now (`progress`, from the
+    group coordinator: highest seq committed + 1) covers its sequence number; and a value of
+    that offset observed during the run (`seen`, shard -> values) was highest seq + 1 of a
+    transaction whose top production is one of the missing ones, at or above this one: the
+    coordinator committed the offsets of a transaction whose records it aborted, which Apache
+    Kafka never does. The final offset alone would not do: it is a high-water mark, which a
+    later transaction of the shard raises past a commit the sink wrongly took for done.
+    `productions` (event -> (shard, seq)) only names a production: it proves nothing itself.
     """
     if pending or not missing:
         return None
@@ -519,12 +572,20 @@ def lost_commit_evidence(
         where = copies.get(event, [])
         if not where or any(c.marker != ABORT_MARKER for c in where):
             return None  # never written, or under COMMIT / no marker: not this defect
+        lost_seqs = {q for e in missing for h, q in productions.get(e, set()) if h == shard}
+        tops = sorted(p - 1 for p in seen.get(shard, set()) if p - 1 in lost_seqs and p - 1 >= seq)
+        if not tops:
+            return None  # no sign the broker ever committed the offsets of its transaction
         first = where[0]
         found.append(
-            f"{event} (shard {shard} seq {seq} < progress {offset}; p{first.partition}"
-            f"@{first.offset} pid {first.producer_id} epoch {first.producer_epoch} ABORT)"
+            f"{event} (shard {shard} seq {seq}: progress {offset} now, {tops[0] + 1} seen; "
+            f"p{first.partition}@{first.offset} pid {first.producer_id} epoch "
+            f"{first.producer_epoch} ABORT)"
         )
-    return f"{len(found)} productions {found[:5]}: covered by progress, records under ABORT"
+    return (
+        f"{len(found)} productions {found[:5]}: the broker committed their transaction's "
+        "progress offsets and aborted their records"
+    )
 
 
 def acknowledged_offsets(journal: Path) -> dict[str, tuple[int, int]]:

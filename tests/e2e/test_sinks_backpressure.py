@@ -40,6 +40,7 @@ from tests.e2e.sink_faults import (
     JOURNAL,
     Feeder,
     Phases,
+    ProgressWatcher,
     assert_exactly_once,
     check_plain_consumer,
     counters_of,
@@ -122,6 +123,8 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
     phase = Phases()
     samples: list[Sample] = []
     pipeline = start_pipeline(env, tmp_path)
+    # The sink's progress offsets on the broker, sampled: evidence for a lost commit.
+    watcher = ProgressWatcher(target, app).start()
     try:
         feeder.send(feeder.events(0, 20))
         pipeline.wait_for(
@@ -181,7 +184,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
             journal=tmp_path / JOURNAL,
             feeder=feeder,
             counters=counters_of(redis_client, app),
-            app=app,
+            progress=watcher,
         )
         phase("every production delivered")
         settled = metric(redis_client, app, "batches") + 3
@@ -197,6 +200,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
         phase("settled")
     finally:
         pipeline.stop(30)
+        watcher.stop()
 
     first, last = samples[0], samples[-1]
     # The backlog passes the limit after a few failed deliveries (3 s timeouts); from then on

@@ -38,6 +38,7 @@ from tests.e2e.sink_faults import (
     JOURNAL,
     Feeder,
     Phases,
+    ProgressWatcher,
     assert_exactly_once,
     assert_exactly_once_around_holes,
     check_plain_consumer,
@@ -93,6 +94,8 @@ def test_broker_restart_mid_run_under_load(
     feeder = Feeder(bootstrap, source, seed=11)
     phase = Phases()
     pipeline = start_pipeline(env, tmp_path)
+    # The sink's progress offsets on the broker, sampled: evidence for a lost commit.
+    watcher = ProgressWatcher(bootstrap, app).start() if mode == "transactional" else None
     try:
         feeder.send(feeder.events(0, 20))
         pipeline.wait_for(
@@ -129,7 +132,7 @@ def test_broker_restart_mid_run_under_load(
                 journal=tmp_path / JOURNAL,
                 feeder=feeder,
                 counters=counters_of(redis_client, app),
-                app=app,
+                progress=watcher,
             )
         except LogHoleError as exc:
             assert how == "kill9", exc  # a clean stop must never lose data
@@ -154,6 +157,8 @@ def test_broker_restart_mid_run_under_load(
         phase(f"settled; delivery failures during the outage: {failures}; late (flagged): {late}")
     finally:
         pipeline.stop(30)
+        if watcher is not None:
+            watcher.stop()
 
     # Every check runs, a log hole or not; a hole only excuses what it swallowed, at the end.
     keys: dict[str, int] = {}

@@ -58,38 +58,51 @@ def aborted_log() -> list[list[RawBatch]]:
     ]
 
 
-NAMES = {"e1": {(0, 4)}, "e2": {(0, 5)}, "e3": {(1, 2)}}
+NAMES = {"e1": {(0, 4)}, "e2": {(0, 5)}, "e3": {(0, 6)}}
+# The broker's progress of shard 0: 5 after e1's transaction, 7 after e2-e3's (their top seq
+# 6, + 1), 9 after a later one; seen on the way and now.
+SEEN = {0: {5, 7, 9}}
+NOW = {0: 9}
 
 
-def test_lost_commit_needs_broker_progress_covering_each_missing_seq() -> None:
-    evidence = lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, {0: 6, 1: 3})
-    assert evidence is not None and "seq 5 < progress 6" in evidence, evidence
+def test_lost_commit_needs_the_brokers_progress_at_the_aborted_transaction() -> None:
+    evidence = lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, NOW, SEEN)
+    assert evidence is not None and "seq 5: progress 9 now, 7 seen" in evidence, evidence
     assert LOST_COMMIT_REASON.startswith("broker defect")
 
 
 def test_missing_records_without_covering_progress_are_not_the_brokers() -> None:
-    # Shard 1's progress stops at seq 1 (offset 2): the broker never counted seq 2 delivered.
-    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, {0: 6, 1: 2}) is None
+    # The broker's progress now stops below seq 6: it never counted e3 as delivered.
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, {0: 6}, SEEN) is None
     # No progress at all for the shard (a negative offset: the group never committed).
-    assert lost_commit_evidence(["e3"], [], aborted_log(), NAMES, {0: 6, 1: -1001}) is None
-    assert lost_commit_evidence(["e3"], [], aborted_log(), NAMES, {0: 6}) is None
+    assert lost_commit_evidence(["e3"], [], aborted_log(), NAMES, {0: -1001}, SEEN) is None
+    assert lost_commit_evidence(["e3"], [], aborted_log(), NAMES, {}, SEEN) is None
+
+
+def test_progress_covering_only_through_a_later_commit_is_not_the_brokers() -> None:
+    # A sink that took the aborted commit for done and delivered on leaves the same log and a
+    # final progress past the lost seqs; only a value at the lost transaction proves the broker
+    # committed its offsets. Seen 5 and 9 (never 7): refused.
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, NOW, {0: {5, 9}}) is None
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, NOW, {}) is None
+    # A value at a lower lost seq does not cover a higher one.
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, NOW, {0: {6}}) is None
 
 
 def test_lost_commit_refuses_the_other_look_alikes() -> None:
-    progress = {0: 6, 1: 3}
     # A checkpoint still in Redis: the sink knows it has not delivered.
-    assert lost_commit_evidence(["e2"], [object()], aborted_log(), NAMES, progress) is None
+    assert lost_commit_evidence(["e2"], [object()], aborted_log(), NAMES, NOW, SEEN) is None
     # Never written at all, or under COMMIT (then a reader problem), or with no marker yet.
     never = [[data(0, 7, event="e1"), marker(1, 7, COMMIT)]]
-    assert lost_commit_evidence(["e2"], [], never, NAMES, progress) is None
+    assert lost_commit_evidence(["e2"], [], never, NAMES, NOW, SEEN) is None
     committed = [[data(0, 7, event="e2"), marker(1, 7, COMMIT)]]
-    assert lost_commit_evidence(["e2"], [], committed, NAMES, progress) is None
+    assert lost_commit_evidence(["e2"], [], committed, NAMES, NOW, SEEN) is None
     open_txn = [[data(0, 7, event="e2")]]
-    assert lost_commit_evidence(["e2"], [], open_txn, NAMES, progress) is None
+    assert lost_commit_evidence(["e2"], [], open_txn, NAMES, NOW, SEEN) is None
     # A production nobody can name (not in the journal), or two productions for one input.
-    assert lost_commit_evidence(["e2"], [], aborted_log(), {}, progress) is None
+    assert lost_commit_evidence(["e2"], [], aborted_log(), {}, NOW, SEEN) is None
     twice = {**NAMES, "e2": {(0, 5), (1, 1)}}
-    assert lost_commit_evidence(["e2"], [], aborted_log(), twice, progress) is None
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), twice, NOW, SEEN) is None
 
 
 def test_journal_names_productions_written_or_skipped(tmp_path: Path) -> None:
