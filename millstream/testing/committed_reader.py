@@ -146,16 +146,33 @@ def _leaders(bootstrap: str, topic: str, timeout: float) -> dict[int, tuple[str,
 
 
 def _earliest(conn: _Connection, topic: str, partition: int) -> int:
+    return _list_offset(conn, topic, partition, -2, 0)
+
+
+def last_stable_offset(bootstrap: str, topic: str, partition: int, *, timeout: float = 10.0) -> int:
+    """The partition's end offset as the broker tells a read_committed consumer (its last
+    stable offset): compared with the raw log's markers, it shows where the broker holds back."""
+    host, port = _leaders(bootstrap, topic, timeout)[partition]
+    conn = _Connection(host, port, timeout)
+    try:
+        return _list_offset(conn, topic, partition, -1, 1)
+    finally:
+        conn.close()
+
+
+def _list_offset(
+    conn: _Connection, topic: str, partition: int, timestamp: int, isolation: int
+) -> int:
     version = conn.version(ListOffsetsRequest, "ListOffsets")
     request = ListOffsetsRequest[version](
         replica_id=-1,
-        isolation_level=0,
+        isolation_level=isolation,
         topics=[
             ListOffsetsRequest.ListOffsetsTopic(
                 name=topic,
                 partitions=[
                     ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
-                        partition_index=partition, timestamp=-2
+                        partition_index=partition, timestamp=timestamp
                     )
                 ],
             )

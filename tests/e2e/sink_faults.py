@@ -26,9 +26,11 @@ from millstream.testing.committed_reader import (
     ABORT_MARKER,
     COMMIT_MARKER,
     LogHole,
+    PlainView,
     RawBatch,
     RecordOrigin,
     judge_plain_view,
+    last_stable_offset,
     probe_aborted_leak,
     read_committed,
     read_raw,
@@ -796,4 +798,42 @@ def check_plain_consumer(bootstrap: str, topic: str, truth: dict[str, Event]) ->
         return
     if view.only_leaks and probe_aborted_leak(bootstrap):
         pytest.xfail(f"{LEAK_REASON}: {view.summary()}")
-    raise AssertionError(f"a plain read_committed consumer: {view.summary()}")
+    story = plain_story(bootstrap, topic, served, view, partitions)
+    raise AssertionError(f"a plain read_committed consumer: {view.summary()}\n{story}")
+
+
+def plain_story(
+    bootstrap: str,
+    topic: str,
+    served: list[tuple[int, int]],
+    view: PlainView,
+    partitions: Sequence[list[RawBatch]],
+) -> str:
+    """Per partition with withheld records: where the consumer stopped, the broker's last
+    stable offset, open transactions, and the raw batches around the first withheld offset."""
+    lines = []
+    for partition, batches in enumerate(partitions):
+        held = [o for p, o in view.withheld if p == partition]
+        if not held:
+            continue
+        got = [o for p, o in served if p == partition]
+        lso = _safe(last_stable_offset, bootstrap, topic, partition)
+        end = batches[-1].next_offset if batches else 0
+        lines.append(
+            f"p{partition}: served up to {max(got, default=None)}, first withheld {held[0]} "
+            f"({len(held)} withheld), broker last stable offset {lso}, log end {end}, "
+            f"open transactions (first offset, pid, created) {_open_transactions(batches)}"
+        )
+        for batch in batches:
+            if held[0] - 12 <= batch.base_offset <= held[0] + 4:
+                lines.append("   " + _describe(batch))
+    return "\n".join(lines)
+
+
+def _describe(batch: RawBatch) -> str:
+    who = f"@{batch.base_offset} pid {batch.producer_id} epoch {batch.producer_epoch}"
+    if batch.control:
+        committed = any(getattr(r, "type", None) == 1 for r in batch.records)
+        return f"{who} {COMMIT_MARKER if committed else ABORT_MARKER} marker"
+    events = [_event_of(bytes(r.value or b"")) for r in batch.records]
+    return f"{who} data txn={batch.transactional} {events}"
