@@ -337,12 +337,13 @@ class ProgressWatcher:
 
     The final offset is a high-water mark: a later commit covers an earlier lost one too. A
     value seen in between, highest seq + 1 of one transaction, proves the broker committed the
-    offsets of that very transaction (`seen`: shard -> every value observed).
+    offsets of that very transaction (`seen()`: shard -> every value observed).
     """
 
     def __init__(self, bootstrap: str, app: str, every: float = 0.2) -> None:
         self.bootstrap, self.app, self.every = bootstrap, app, every
-        self.seen: dict[int, set[int]] = {shard: set() for shard in range(SHARDS)}
+        self._seen: dict[int, set[int]] = {shard: set() for shard in range(SHARDS)}
+        self._lock = threading.Lock()
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress-watcher", daemon=True)
 
@@ -354,13 +355,20 @@ class ProgressWatcher:
         self._halt.set()
         self._thread.join(30)
 
+    def seen(self) -> dict[int, set[int]]:
+        """Shard -> every progress offset observed so far (a copy)."""
+        with self._lock:
+            return {shard: set(values) for shard, values in self._seen.items()}
+
     def _run(self) -> None:
         consumers = [_progress_consumer(self.bootstrap, self.app, s) for s in range(SHARDS)]
         try:
             while not self._halt.wait(self.every):
                 for shard, consumer in enumerate(consumers):
                     with contextlib.suppress(Exception):  # broker down: nothing to see now
-                        self.seen[shard].add(_committed_progress(consumer, 2.0))
+                        value = _committed_progress(consumer, 2.0)
+                        with self._lock:
+                            self._seen[shard].add(value)
         finally:
             for consumer in consumers:
                 consumer.close()
@@ -414,7 +422,7 @@ def wait_complete(
         pending = checkpoints() if checkpoints is not None else None
         if pending is not None and not pending and missing:
             _xfail_on_broker_evidence(
-                pipeline, bootstrap, topic, mode, truth, missing, journal, feeder, progress
+                bootstrap, topic, mode, truth, missing, journal, feeder, progress
             )
             missing = sorted(set(truth) - set(read_output(bootstrap, topic, mode).ids))
             if not missing:
@@ -429,7 +437,7 @@ def wait_complete(
             )
         if progress is not None:
             final = _safe(progress_offsets, bootstrap, progress.app)
-            last = {shard: sorted(values)[-10:] for shard, values in progress.seen.items()}
+            last = {shard: sorted(values)[-10:] for shard, values in progress.seen().items()}
             story += f"\nprogress offsets on the broker: {final} (last seen: {last})"
         if counters is not None:
             story += f"\npipeline counters: {counters()}"
@@ -452,7 +460,6 @@ def _safe(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _xfail_on_broker_evidence(
-    pipeline: PipelineProcess,
     bootstrap: str,
     topic: str,
     mode: str,
@@ -480,7 +487,7 @@ def _xfail_on_broker_evidence(
             print(f"progress offsets unreadable, no lost-commit evidence: {exc}")
             progress = {}
         names = journal_productions(journal)
-        evidence = lost_commit_evidence(missing, [], partitions, names, progress, watcher.seen)
+        evidence = lost_commit_evidence(missing, [], partitions, names, progress, watcher.seen())
         if evidence is not None:
             pytest.xfail(f"{LOST_COMMIT_REASON}: {evidence}")
     acks = feeder.acked if feeder is not None else {}
