@@ -10,7 +10,10 @@
 4. read the input topic back: its distinct ids are the ground truth; wait until every one of
    them reached the output, then stop the pipeline;
 5. compare by id what a read_committed reader sees in the output (marker-aware: the embedded
-   broker serves aborted records to plain consumers), and each key's state with the truth.
+   broker serves aborted records to plain consumers), and each key's state with the truth;
+6. judge what a plain read_committed consumer saw against the raw log (only records under an
+   ABORT marker of a fenced producer may be extra, and only on a broker caught serving aborted
+   data) and count the pipeline exits the harness did not cause: both are part of the verdict.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from millstream.chaos.traffic import EventSender
 from millstream.testing.faults import (
@@ -40,6 +43,9 @@ from millstream.testing.faults import (
     restart_service,
 )
 from millstream.testing.verify import compare_ids
+
+if TYPE_CHECKING:
+    from millstream.testing.committed_reader import PlainView
 
 PARTITIONS = 4
 STAGES = ("route", "count")
@@ -57,6 +63,9 @@ class ChaosOptions:
     shards: int = 4
     output: Path = Path(".millstream/chaos")
     drain_timeout: float = 300.0
+    # Pipeline exits the harness did not cause (it restarts the pipeline, as a supervisor
+    # would, but each one fails the run: a query that keeps failing is a defect to look at).
+    max_unexpected_exits: int = 0
 
 
 @dataclass
@@ -381,7 +390,15 @@ def _verify(
     import redis
 
     from millstream.state.keys import ShardKeys
-    from millstream.testing.committed_reader import read_committed, read_with_consumer
+    from millstream.testing.committed_reader import (
+        judge_plain_view,
+        last_stable_offset,
+        probe_aborted_leak,
+        read_committed,
+        read_raw_topic,
+        read_with_consumer,
+        withheld_by_broker,
+    )
 
     inputs = _events(bootstrap, topics["input_topic"])
     ids_in = [event_id for event_id, _key in inputs]
@@ -403,16 +420,29 @@ def _verify(
     for o in outputs:
         numbering.setdefault(o["k"], []).append(int(o["n"]))
     bad_numbering = [k for k, ns in numbering.items() if sorted(ns) != list(range(1, len(ns) + 1))]
-    plain = len(read_with_consumer(bootstrap, topics["output_topic"]))
+    messages = read_with_consumer(bootstrap, topics["output_topic"])
+    raw_log = read_raw_topic(bootstrap, topics["output_topic"])
+    view = judge_plain_view(
+        topics["output_topic"], [(m.partition(), m.offset()) for m in messages], raw_log
+    )
+    withheld = None
+    if view.withheld and not view.unexplained:
+        lsos: dict[int, Any] = {}
+        for partition in sorted({p for p, _ in view.withheld}):
+            try:
+                lsos[partition] = last_stable_offset(bootstrap, topics["output_topic"], partition)
+            except Exception as exc:  # no answer is no evidence
+                lsos[partition] = f"unreadable ({exc})"
+        withheld = withheld_by_broker(view, raw_log, lsos)
+    plain = plain_consumer_verdict(
+        view, probe_aborted_leak(bootstrap) if not view.exact else False, withheld
+    )
 
     recoveries = [f.recovery_s for f in observed.faults if f.recovery_s is not None]
     summary: dict[str, Any] = {
         "app": app,
         "options": {**asdict(opts), "output": str(opts.output)},
-        "passed": report.exactly_once
-        and not state_errors
-        and not bad_numbering
-        and len(recoveries) == len(observed.faults),
+        "passed": False,  # set from failed_checks below
         "records_in": len(ids_in),
         "distinct_ids_in": report.expected,
         "duplicates_in": len(ids_in) - report.expected,
@@ -426,7 +456,8 @@ def _verify(
             k: {"state": s, "truth": t} for k, (s, t) in list(state_errors.items())[:10]
         },
         "numbering_errors": bad_numbering[:10],
-        "plain_read_committed_consumer_saw": plain,
+        "plain_read_committed_consumer_saw": len(messages),
+        "plain_read_committed_consumer": plain,
         "faults_by_type": dict(Counter(f.kind for f in observed.faults)),
         "faults": [asdict(f) for f in observed.faults],
         "recovery_s": {
@@ -438,8 +469,51 @@ def _verify(
         "peak_pipeline_rss_mib": round(observed.peak_rss / 2**20),
         "output": str(folder),
     }
+    summary["failed_checks"] = failed_checks(summary, opts.max_unexpected_exits)
+    summary["passed"] = not summary["failed_checks"]
     (folder / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def plain_consumer_verdict(
+    view: PlainView, broker_leaks: bool, broker_withholds: str | None = None
+) -> dict[str, Any]:
+    """What a plain read_committed consumer saw, judged: `exact`, `broker defect` (every extra
+    record under an ABORT marker of a fenced producer, on a broker the probe caught serving
+    aborted data; withheld committed records only where the broker's own log contradicts the
+    last stable offset it answers, `withheld_by_broker`) or `wrong` (anything else)."""
+    leaks_ok = not view.leaked or broker_leaks
+    withheld_ok = not view.withheld or broker_withholds is not None
+    detail = view.summary() + (f"; {broker_withholds}" if broker_withholds else "")
+    if view.exact:
+        verdict = "exact"
+    elif not view.unexplained and leaks_ok and withheld_ok:
+        verdict = "broker defect"
+    else:
+        verdict = "wrong"
+    return {"verdict": verdict, "detail": detail}
+
+
+def failed_checks(summary: dict[str, Any], max_unexpected_exits: int = 0) -> list[str]:
+    """Every measured figure that is wrong: the run passes only when this is empty."""
+    failed = []
+    if summary["losses"] or summary["duplicates_out"] or summary["unexpected_out"]:
+        failed.append(f"output not exactly once: {summary['verdict']}")
+    if summary["state_mismatches"]:
+        failed.append(f"per-key state differs from the truth: {summary['state_mismatches']}")
+    if summary["numbering_errors"]:
+        failed.append(f"running counts not 1..n for keys {summary['numbering_errors']}")
+    if summary["recovery_s"]["not_recovered"]:
+        failed.append(f"{summary['recovery_s']['not_recovered']} faults never recovered from")
+    plain = summary["plain_read_committed_consumer"]
+    if plain["verdict"] == "wrong":
+        failed.append(f"a plain read_committed consumer: {plain['detail']}")
+    if summary["unexpected_pipeline_exits"] > max_unexpected_exits:
+        failed.append(
+            f"{summary['unexpected_pipeline_exits']} unexpected pipeline exits "
+            f"(at most {max_unexpected_exits} allowed)"
+        )
+    return failed
 
 
 def text_report(summary: dict[str, Any]) -> str:
@@ -458,8 +532,10 @@ def text_report(summary: dict[str, Any]) -> str:
         f"not recovered {rec['not_recovered']}; unexpected pipeline exits "
         f"{summary['unexpected_pipeline_exits']}",
         f"  peak pipeline RSS {summary['peak_pipeline_rss_mib']} MiB; a plain read_committed "
-        f"consumer saw {summary['plain_read_committed_consumer_saw']} records "
-        "(the embedded broker serves aborted records to it)",
+        f"consumer saw {summary['plain_read_committed_consumer_saw']} records: "
+        f"{summary['plain_read_committed_consumer']['verdict']} "
+        f"({summary['plain_read_committed_consumer']['detail']})",
+        *(f"  FAILED: {reason}" for reason in summary["failed_checks"]),
         f"  details: {summary['output']}/summary.json",
     ]
     return "\n".join(lines)

@@ -17,11 +17,13 @@ there and assert it everywhere else.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,16 +146,33 @@ def _leaders(bootstrap: str, topic: str, timeout: float) -> dict[int, tuple[str,
 
 
 def _earliest(conn: _Connection, topic: str, partition: int) -> int:
+    return _list_offset(conn, topic, partition, -2, 0)
+
+
+def last_stable_offset(bootstrap: str, topic: str, partition: int, *, timeout: float = 10.0) -> int:
+    """The partition's end offset as the broker tells a read_committed consumer (its last
+    stable offset): compared with the raw log's markers, it shows where the broker holds back."""
+    host, port = _leaders(bootstrap, topic, timeout)[partition]
+    conn = _Connection(host, port, timeout)
+    try:
+        return _list_offset(conn, topic, partition, -1, 1)
+    finally:
+        conn.close()
+
+
+def _list_offset(
+    conn: _Connection, topic: str, partition: int, timestamp: int, isolation: int
+) -> int:
     version = conn.version(ListOffsetsRequest, "ListOffsets")
     request = ListOffsetsRequest[version](
         replica_id=-1,
-        isolation_level=0,
+        isolation_level=isolation,
         topics=[
             ListOffsetsRequest.ListOffsetsTopic(
                 name=topic,
                 partitions=[
                     ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
-                        partition_index=partition, timestamp=-2
+                        partition_index=partition, timestamp=timestamp
                     )
                 ],
             )
@@ -165,23 +184,66 @@ def _earliest(conn: _Connection, topic: str, partition: int) -> int:
     return int(part.offset)
 
 
+@dataclass(frozen=True, slots=True)
+class LogHole:
+    """Offsets [first, next) of a partition below its high watermark that the broker never serves."""
+
+    topic: str
+    partition: int
+    first: int
+    next: int
+
+    @property
+    def size(self) -> int:
+        return self.next - self.first
+
+
 def read_raw(
-    bootstrap: str, topic: str, partition: int, *, timeout: float = 10.0
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    *,
+    timeout: float = 10.0,
+    holes: list[LogHole] | None = None,
 ) -> tuple[list[RawBatch], int]:
-    """Every record batch of one partition from the log start, and the high watermark."""
+    """Every record batch of one partition from the log start, and the high watermark.
+
+    A hole (see LogHoleError) raises, unless `holes` is given: then it is appended there and the
+    read goes on past it, so that a test can still check everything the broker does serve.
+    """
     host, port = _leaders(bootstrap, topic, timeout)[partition]
     conn = _Connection(host, port, timeout)
     try:
-        return _fetch_all(conn, topic, partition, timeout)
+        return _fetch_all(conn, topic, partition, timeout, holes)
     finally:
         conn.close()
 
 
+def read_raw_topic(
+    bootstrap: str, topic: str, *, timeout: float = 10.0, holes: list[LogHole] | None = None
+) -> list[list[RawBatch]]:
+    """The raw batches of every partition of `topic`, indexed by partition (see `read_raw`)."""
+    out: list[list[RawBatch]] = []
+    for partition, (host, port) in sorted(_leaders(bootstrap, topic, timeout).items()):
+        assert partition == len(out), f"{topic}: partitions are not numbered 0..n-1"
+        conn = _Connection(host, port, timeout)
+        try:
+            out.append(_fetch_all(conn, topic, partition, timeout, holes)[0])
+        finally:
+            conn.close()
+    return out
+
+
 def _fetch_all(
-    conn: _Connection, topic: str, partition: int, timeout: float
+    conn: _Connection,
+    topic: str,
+    partition: int,
+    timeout: float,
+    holes: list[LogHole] | None = None,
 ) -> tuple[list[RawBatch], int]:
-    """Fetch from the log start up to the high watermark."""
+    """Fetch from the log start up to the high watermark (skipping holes into `holes`)."""
     version = conn.version(FetchRequest, "Fetch")
+    hole_start: int | None = None  # first offset of the hole being stepped over
     position, max_bytes = 0, 8 << 20
     deadline = time.monotonic() + timeout
     wait_ms = _SHORT_WAIT_MS
@@ -221,7 +283,7 @@ def _fetch_all(
         if part.error_code:
             raise MillstreamError(f"{topic}[{partition}]: Fetch error code {part.error_code}")
         records = MemoryRecords(bytes(part.records or b""))
-        advanced = truncated = False
+        fetched_at, advanced, truncated = position, False, False
         while records.has_next():
             batch = records.next_batch()
             if batch is None:
@@ -242,7 +304,12 @@ def _fetch_all(
                 )
             )
             position, advanced = next_offset, True
+        if advanced and hole_start is not None and holes is not None:
+            holes.append(LogHole(topic, partition, hole_start, fetched_at))
+            hole_start, deadline = None, time.monotonic() + timeout
         if position >= part.high_watermark:
+            if hole_start is not None and holes is not None:
+                holes.append(LogHole(topic, partition, hole_start, int(part.high_watermark)))
             return out, int(part.high_watermark)
         if not advanced:
             if truncated:
@@ -253,6 +320,10 @@ def _fetch_all(
                 # Tansu on s3:// storage answers a short fetch below the high watermark with no
                 # records while it loads them (after a restart, for example): wait for data.
                 wait_ms = _LONG_WAIT_MS
+            elif hole_start is not None:
+                position += 1  # inside a known hole: one long fetch per offset, then the next
+            elif time.monotonic() > deadline and holes is not None:
+                hole_start, position = position, position + 1
             elif time.monotonic() > deadline:
                 raise LogHoleError(
                     f"{topic}[{partition}]: the broker serves nothing at offset {position}, below "
@@ -315,14 +386,151 @@ def aborted_values(batches: list[RawBatch]) -> list[bytes]:
     return out
 
 
-def read_committed(bootstrap: str, topic: str, *, timeout: float = 10.0) -> list[CommittedRecord]:
+COMMIT_MARKER, ABORT_MARKER = "COMMIT", "ABORT"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOrigin:
+    """Where one data record sits in the raw log, and how its transaction ended.
+
+    `marker` is the next control marker of its producer id after it (COMMIT or ABORT), None for
+    a transaction with no marker yet, or "" for a non-transactional record.
+    """
+
+    partition: int
+    offset: int
+    producer_id: int
+    producer_epoch: int
+    marker: str | None
+    value: bytes
+
+
+def record_origins(partition: int, batches: list[RawBatch]) -> dict[int, RecordOrigin]:
+    """offset -> origin of every data record of one partition's raw batches."""
+    out: dict[int, RecordOrigin] = {}
+    open_rows: dict[int, list[tuple[RawBatch, Any]]] = {}
+    for batch in batches:
+        if batch.control:
+            committed = any(getattr(r, "type", None) == 1 for r in batch.records)
+            marker = COMMIT_MARKER if committed else ABORT_MARKER
+            for data, r in open_rows.pop(batch.producer_id, []):
+                out[r.offset] = _origin(partition, data, r, marker)
+        elif batch.transactional:
+            open_rows.setdefault(batch.producer_id, []).extend((batch, r) for r in batch.records)
+        else:
+            out.update({r.offset: _origin(partition, batch, r, "") for r in batch.records})
+    for rows in open_rows.values():
+        out.update({r.offset: _origin(partition, data, r, None) for data, r in rows})
+    return out
+
+
+def _origin(partition: int, batch: RawBatch, record: Any, marker: str | None) -> RecordOrigin:
+    return RecordOrigin(
+        partition,
+        record.offset,
+        batch.producer_id,
+        batch.producer_epoch,
+        marker,
+        bytes(record.value or b""),
+    )
+
+
+def live_epochs(partitions: Sequence[list[RawBatch]]) -> dict[int, int]:
+    """Producer id -> the highest epoch any batch of it carries: its live instance.
+
+    Re-initialising a transactional id keeps its producer id and bumps the epoch (Apache Kafka
+    and Tansu alike), fencing the older instances; a producer id whose transactional id moved to
+    another id keeps its last epoch here, so it counts as live (the cautious reading).
+    """
+    out: dict[int, int] = {}
+    for batches in partitions:
+        for batch in batches:
+            if batch.transactional and batch.producer_id >= 0:
+                out[batch.producer_id] = max(out.get(batch.producer_id, -1), batch.producer_epoch)
+    return out
+
+
+@dataclass(frozen=True)
+class PlainView:
+    """A plain read_committed consumer's records against the marker-aware view of the raw log.
+
+    `leaked`: served although aborted, each under an ABORT marker of a fenced (non-live)
+    producer instance: the broker's known defect. `unexplained`: served although not in the
+    read_committed view for any other reason (under COMMIT past an open transaction, under
+    ABORT of the live instance, in no raw batch, served twice). `withheld`: (partition, offset)
+    of committed records the consumer never received.
+    """
+
+    leaked: list[RecordOrigin]
+    unexplained: list[str]
+    withheld: list[tuple[int, int]]
+
+    @property
+    def exact(self) -> bool:
+        return not self.leaked and not self.unexplained and not self.withheld
+
+    @property
+    def only_leaks(self) -> bool:
+        """Every difference is a record the broker served from a fenced aborted transaction."""
+        return bool(self.leaked) and not self.unexplained and not self.withheld
+
+    def summary(self) -> str:
+        leaked = collections.Counter((o.producer_id, o.producer_epoch) for o in self.leaked)
+        return (
+            f"{len(self.leaked)} aborted records of fenced producers served "
+            f"(producer id/epoch: {dict(leaked)}); {len(self.unexplained)} unexplained "
+            f"{self.unexplained[:5]}; {len(self.withheld)} committed records withheld "
+            f"{self.withheld[:5]}"
+        )
+
+
+def judge_plain_view(
+    topic: str, served: Sequence[tuple[int, int]], partitions: Sequence[list[RawBatch]]
+) -> PlainView:
+    """Classify what a plain consumer served ((partition, offset) pairs) against `partitions`,
+    the raw batches of every partition of `topic` (index = partition)."""
+    committed: set[tuple[int, int]] = set()
+    origins: dict[tuple[int, int], RecordOrigin] = {}
+    for partition, batches in enumerate(partitions):
+        committed |= {(partition, r.offset) for r in apply_markers(topic, partition, batches)}
+        origins.update({(partition, o): v for o, v in record_origins(partition, batches).items()})
+    live = live_epochs(partitions)
+    counts = collections.Counter(served)
+    leaked: list[RecordOrigin] = []
+    unexplained: list[str] = []
+    for (partition, offset), n in sorted(counts.items()):
+        where = f"p{partition}@{offset}"
+        if n > 1:
+            unexplained.append(f"{where} served {n} times")
+        if (partition, offset) in committed:
+            continue
+        origin = origins.get((partition, offset))
+        if origin is None:
+            unexplained.append(f"{where}: no data record there in the raw log")
+        elif origin.marker != ABORT_MARKER:
+            unexplained.append(f"{where}: transaction marker {origin.marker!r}, not ABORT")
+        elif origin.producer_epoch >= live.get(origin.producer_id, origin.producer_epoch):
+            unexplained.append(
+                f"{where}: under ABORT of the live producer id {origin.producer_id} epoch "
+                f"{origin.producer_epoch}"
+            )
+        else:
+            leaked.append(origin)
+    withheld = sorted(committed - set(counts))
+    return PlainView(leaked, unexplained, withheld)
+
+
+def read_committed(
+    bootstrap: str, topic: str, *, timeout: float = 10.0, holes: list[LogHole] | None = None
+) -> list[CommittedRecord]:
     """All records of `topic` an Apache Kafka read_committed consumer would see now,
-    ordered by (partition, offset)."""
+    ordered by (partition, offset). A hole in the log raises LogHoleError, unless `holes` is
+    given: then the holes go there and the view is what the broker still serves."""
     out: list[CommittedRecord] = []
     for partition, (host, port) in sorted(_leaders(bootstrap, topic, timeout).items()):
         conn = _Connection(host, port, timeout)
         try:
-            batches, _high_watermark = _fetch_all(conn, topic, partition, timeout)
+            batches, _high_watermark = _fetch_all(conn, topic, partition, timeout, holes)
             out.extend(apply_markers(topic, partition, batches))
         finally:
             conn.close()
@@ -415,3 +623,38 @@ def probe_aborted_leak(bootstrap: str, *, timeout: float = 20.0) -> bool:
     with _PROBE_LOCK:
         _PROBES[bootstrap] = leak
     return leak
+
+
+def _unmarked(batches: Sequence[RawBatch]) -> list[int]:
+    """Producer ids with a transaction that has no later marker of theirs in `batches`."""
+    open_txns: set[int] = set()
+    for batch in batches:
+        if batch.control:
+            open_txns.discard(batch.producer_id)
+        elif batch.transactional:
+            open_txns.add(batch.producer_id)
+    return sorted(open_txns)
+
+
+def withheld_by_broker(
+    view: PlainView, partitions: Sequence[list[RawBatch]], lsos: dict[int, Any]
+) -> str | None:
+    """Positive evidence that the broker, not the product, holds committed records back from a
+    plain read_committed consumer; None without it.
+
+    Per partition with withheld records, from the broker alone: its raw log has no open
+    transaction (every transactional batch has a later marker of its producer), so the last
+    stable offset must be the log end; yet the last stable offset it answers (`lsos`, a
+    ListOffsets read_committed request) is at or before the first withheld record. The
+    withheld records themselves must be committed data in that log (`judge_plain_view`).
+    """
+    facts = []
+    for partition in sorted({p for p, _ in view.withheld}):
+        first = min(o for p, o in view.withheld if p == partition)
+        batches = partitions[partition]
+        lso = lsos.get(partition)
+        if not isinstance(lso, int) or _unmarked(batches) or lso > first:
+            return None
+        end = batches[-1].next_offset if batches else 0
+        facts.append(f"p{partition}: last stable offset {lso}, no open transaction, log end {end}")
+    return "; ".join(facts) if facts else None

@@ -31,4 +31,8 @@ def test_every_fault_kind_leaves_no_loss_and_no_duplicate(tmp_path: Path) -> Non
     assert not summary["state_mismatches"], summary["state_mismatches"]
     assert not summary["numbering_errors"], summary["numbering_errors"]
     assert summary["recovery_s"]["not_recovered"] == 0, summary["faults"]
+    plain = summary["plain_read_committed_consumer"]
+    assert plain["verdict"] in ("exact", "broker defect"), plain
+    assert summary["unexpected_pipeline_exits"] == 0, summary["output"]
+    assert summary["failed_checks"] == [], summary["failed_checks"]
     assert summary["passed"]

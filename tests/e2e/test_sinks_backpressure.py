@@ -19,8 +19,9 @@ and take input again.
 The stop can land while a commit is in flight. The sink then resumes that commit instead of
 aborting it (issue #6: aborting and trusting the broker's progress delivered some productions
 twice). Tansu can acknowledge such a commit after its restart, keep its progress offsets and
-yet abort its records; when every missing production shows exactly that in the raw log, the
-test reports an expected failure naming the broker defect.
+yet abort its records; only when the progress offsets read from the broker cover every missing
+production's sequence number and each one's records sit under an ABORT marker does the test
+report an expected failure naming the broker defect (`sink_faults.lost_commit_evidence`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tests.e2e.sink_faults import (
     JOURNAL,
     Feeder,
     Phases,
+    ProgressWatcher,
     assert_exactly_once,
     check_plain_consumer,
     counters_of,
@@ -118,6 +120,8 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
     phase = Phases()
     samples: list[Sample] = []
     pipeline = start_pipeline(env, tmp_path)
+    # The sink's progress offsets on the broker, sampled: evidence for a lost commit.
+    watcher = ProgressWatcher(target, app).start()
     try:
         feeder.send(feeder.events(0, 20))
         pipeline.wait_for(
@@ -177,6 +181,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
             journal=tmp_path / JOURNAL,
             feeder=feeder,
             counters=counters_of(redis_client, app),
+            progress=watcher,
         )
         phase("every production delivered")
         settled = metric(redis_client, app, "batches") + 3
@@ -192,6 +197,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
         phase("settled")
     finally:
         pipeline.stop(30)
+        watcher.stop()
 
     first, last = samples[0], samples[-1]
     # The backlog passes the limit after a few failed deliveries (3 s timeouts); from then on

@@ -13,29 +13,34 @@ idempotent sink is at-least-once on the wire: there the view is the one its cons
 
 Tansu on s3:// storage can lose the batch it was writing when it is SIGKILLed while still
 counting it in the high watermark (a hole no Apache Kafka log has); the marker-aware reader then
-raises LogHoleError, and the test reports an expected failure naming that broker defect. After
-such a restart Tansu has also been seen to acknowledge records (and commit their transaction)
-that it then does not serve at the acknowledged offsets, or to keep a transaction without any
-marker for good, which stops read_committed there: the sink's delivery journal gives the offsets
-the broker acknowledged, and only when every missing production was acknowledged and committed
-(nothing left checkpointed) is that reported as an expected failure naming the defect.
+raises LogHoleError. The test then reads past the hole and still runs every other check
+(exactly once, with at most one missing production per lost offset; no checkpoint left; per-key
+state; nothing late), and only when they all hold reports an expected failure naming the hole.
+Productions that never arrive are an expected failure only on broker-side evidence
+(`sink_faults.wait_complete`): the sink's progress offsets on the broker cover them while their
+records sit under ABORT, an input the broker acknowledged to the test and does not serve, or a
+committed record held back by a transaction left without a marker for a whole transaction
+timeout.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from millstream.testing.committed_reader import LogHoleError
+from millstream.testing.committed_reader import LogHole, LogHoleError
 from millstream.testing.infra import create_topic
 from tests.e2e.sink_faults import (
     JOURNAL,
     Feeder,
     Phases,
+    ProgressWatcher,
     assert_exactly_once,
+    assert_exactly_once_around_holes,
     check_plain_consumer,
     counters_of,
     metric,
@@ -89,6 +94,8 @@ def test_broker_restart_mid_run_under_load(
     feeder = Feeder(bootstrap, source, seed=11)
     phase = Phases()
     pipeline = start_pipeline(env, tmp_path)
+    # The sink's progress offsets on the broker, sampled: evidence for a lost commit.
+    watcher = ProgressWatcher(bootstrap, app).start() if mode == "transactional" else None
     try:
         feeder.send(feeder.events(0, 20))
         pipeline.wait_for(
@@ -113,6 +120,7 @@ def test_broker_restart_mid_run_under_load(
         truth = feeder.finish()
         phase(f"all {len(truth)} inputs acknowledged ({feeder.sent} sends)")
         assert delivered_before < len(truth), "the broker went down after all the work was done"
+        holes: list[LogHole] = []
         try:
             wait_complete(
                 pipeline,
@@ -124,16 +132,24 @@ def test_broker_restart_mid_run_under_load(
                 journal=tmp_path / JOURNAL,
                 feeder=feeder,
                 counters=counters_of(redis_client, app),
+                progress=watcher,
             )
         except LogHoleError as exc:
             assert how == "kill9", exc  # a clean stop must never lose data
-            pytest.xfail(f"{HOLE_REASON}: {exc}")
-        phase("every production delivered")
+            # Everything else is still checked below; the hole's productions are the only
+            # ones allowed to be missing.
+            pipeline.wait_for(
+                lambda: _complete_around_holes(bootstrap, sink, mode, truth, holes),
+                240,
+                "every production the log holes did not swallow",
+            )
+        phase("every production delivered" + (f" (log holes: {holes})" if holes else ""))
         settled = metric(redis_client, app, "batches") + 3
         pipeline.wait_for(
             lambda: metric(redis_client, app, "batches") >= settled, 60, "three more batches"
         )
-        output = read_output(bootstrap, sink, mode)
+        holes.clear()
+        output = read_output(bootstrap, sink, mode, holes)
         left = pending_productions(redis_client, app)
         final_states = states(redis_client, app)
         failures = metric(redis_client, app, "delivery_failures")
@@ -141,18 +157,55 @@ def test_broker_restart_mid_run_under_load(
         phase(f"settled; delivery failures during the outage: {failures}; late (flagged): {late}")
     finally:
         pipeline.stop(30)
+        if watcher is not None:
+            watcher.stop()
 
-    assert_exactly_once(output, truth, (bootstrap, sink))
-    assert left == []
+    # Every check runs, a log hole or not; a hole only excuses what it swallowed, at the end.
     keys: dict[str, int] = {}
     for event in truth.values():
         keys[event.key] = keys.get(event.key, 0) + 1
-    assert final_states == keys
-    # The inputs the feeder's producer held while the broker was down arrived after it with their
-    # first timestamps; the injector's outage hold keeps them ahead of the watermark.
-    assert late == 0, f"{late} inputs were behind the injector watermark after the restart"
+    checks: list[tuple[str, Callable[[], None]]] = [
+        (
+            "exactly once",
+            (lambda: assert_exactly_once_around_holes(output, truth, holes))
+            if holes
+            else (lambda: assert_exactly_once(output, truth, (bootstrap, sink))),
+        ),
+        ("no checkpoint left", lambda: _equal(left, [])),
+        ("per-key state", lambda: _equal(final_states, keys)),
+        # The inputs the feeder's producer held while the broker was down arrived after it with
+        # their first timestamps; the injector's outage hold keeps them ahead of the watermark.
+        ("nothing late", lambda: _equal(late, 0)),
+    ]
+    if mode == "idempotent":  # at-least-once on the wire; DedupReader made it exactly once
+        print(f"idempotent: {output.raw} records on the wire for {len(truth)} productions")
+        checks.append(("at least once on the wire", lambda: _at_least(output.raw, len(truth))))
+    errors = []
+    for name, check in checks:
+        try:
+            check()
+        except AssertionError as exc:
+            errors.append(f"{name}: {exc}")
+    assert not errors, "\n".join(errors)
+    if holes:
+        # A plain consumer cannot read past a hole: its view is not checked then.
+        pytest.xfail(f"{HOLE_REASON}: {holes}")
     if mode == "transactional":
         check_plain_consumer(bootstrap, sink, truth)
-    else:  # at-least-once on the wire; the consumer helper (DedupReader) made it exactly once
-        print(f"idempotent: {output.raw} records on the wire for {len(truth)} productions")
-        assert output.raw >= len(truth)
+
+
+def _equal(got: object, want: object) -> None:
+    assert got == want, f"{got!r} != {want!r}"
+
+
+def _at_least(got: int, want: int) -> None:
+    assert got >= want, f"{got} < {want}"
+
+
+def _complete_around_holes(
+    bootstrap: str, sink: str, mode: str, truth: dict[str, Any], holes: list[LogHole]
+) -> bool:
+    """Every production is visible except at most one per offset the holes swallowed."""
+    holes.clear()
+    missing = set(truth) - set(read_output(bootstrap, sink, mode, holes).ids)
+    return len(missing) <= sum(h.size for h in holes)

@@ -1,4 +1,5 @@
-"""The sink fault tests' evidence rules: what pins read_committed, what the journal says."""
+"""The sink fault tests' evidence rules, on canned raw batches: an expected failure (a broker
+defect) only on positive evidence, and every look-alike a product defect could leave is refused."""
 
 from __future__ import annotations
 
@@ -6,20 +7,249 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from millstream.testing.committed_reader import RawBatch
-from tests.e2e.sink_faults import _open_transaction_before, acknowledged_offsets
+from millstream.testing.committed_reader import (
+    PlainView,
+    RawBatch,
+    judge_plain_view,
+    withheld_by_broker,
+)
+from tests.e2e.sink_faults import (
+    LOST_COMMIT_REASON,
+    STUCK_TXN_REASON,
+    TXN_TIMEOUT_S,
+    UNSERVED_ACK_REASON,
+    _open_transaction_before,
+    acknowledged_offsets,
+    journal_productions,
+    lost_commit_evidence,
+    unserved_ack_evidence,
+)
 
-COMMIT = 1
+COMMIT, ABORT = 1, 0
+WAITED = TXN_TIMEOUT_S + 5
 
 
-def data(offset: int, pid: int, created: int, transactional: bool = True) -> RawBatch:
-    record = SimpleNamespace(offset=offset, value=b"{}", timestamp=created)
-    return RawBatch(offset, offset + 1, pid, 0, transactional, False, (record,))
+def data(
+    offset: int,
+    pid: int,
+    created: int = 0,
+    transactional: bool = True,
+    event: str | None = None,
+    epoch: int = 0,
+) -> RawBatch:
+    value = json.dumps({"e": event, "k": "k0", "n": 1}).encode() if event else b"{}"
+    record = SimpleNamespace(offset=offset, key=None, value=value, timestamp=created, headers=[])
+    return RawBatch(offset, offset + 1, pid, epoch, transactional, False, (record,))
 
 
-def marker(offset: int, pid: int) -> RawBatch:
-    record = SimpleNamespace(offset=offset, type=COMMIT)
-    return RawBatch(offset, offset + 1, pid, 0, True, True, (record,))
+def marker(offset: int, pid: int, kind: int = COMMIT, epoch: int = 0) -> RawBatch:
+    record = SimpleNamespace(offset=offset, type=kind)
+    return RawBatch(offset, offset + 1, pid, epoch, True, True, (record,))
+
+
+# ---------------------------------------------------------------- lost commit
+
+
+def aborted_log() -> list[list[RawBatch]]:
+    """p0: e1 committed, then e2 and e3 written by the same producer and aborted."""
+    return [
+        [
+            data(0, 7, event="e1"),
+            marker(1, 7, COMMIT),
+            data(2, 7, event="e2"),
+            data(3, 7, event="e3"),
+            marker(4, 7, ABORT),
+        ]
+    ]
+
+
+NAMES = {"e1": {(0, 4)}, "e2": {(0, 5)}, "e3": {(0, 6)}}
+# The broker's progress of shard 0: 5 after e1's transaction, 7 after e2-e3's (their top seq
+# 6, + 1), 9 after a later one; seen on the way and now.
+SEEN = {0: {5, 7, 9}}
+NOW = {0: 9}
+
+
+def test_lost_commit_needs_the_brokers_progress_at_the_aborted_transaction() -> None:
+    evidence = lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, NOW, SEEN)
+    assert evidence is not None and "seq 5: progress 9 now, 7 seen" in evidence, evidence
+    assert LOST_COMMIT_REASON.startswith("broker defect")
+
+
+def test_missing_records_without_covering_progress_are_not_the_brokers() -> None:
+    # The broker's progress now stops below seq 6: it never counted e3 as delivered.
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, {0: 6}, SEEN) is None
+    # No progress at all for the shard (a negative offset: the group never committed).
+    assert lost_commit_evidence(["e3"], [], aborted_log(), NAMES, {0: -1001}, SEEN) is None
+    assert lost_commit_evidence(["e3"], [], aborted_log(), NAMES, {}, SEEN) is None
+
+
+def test_progress_covering_only_through_a_later_commit_is_not_the_brokers() -> None:
+    # A sink that took the aborted commit for done and delivered on leaves the same log and a
+    # final progress past the lost seqs; only a value at the lost transaction proves the broker
+    # committed its offsets. Seen 5 and 9 (never 7): refused.
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, NOW, {0: {5, 9}}) is None
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, NOW, {}) is None
+    # A value at a lower lost seq does not cover a higher one.
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), NAMES, NOW, {0: {6}}) is None
+
+
+def test_lost_commit_refuses_the_other_look_alikes() -> None:
+    # A checkpoint still in Redis: the sink knows it has not delivered.
+    assert lost_commit_evidence(["e2"], [object()], aborted_log(), NAMES, NOW, SEEN) is None
+    # Never written at all, or under COMMIT (then a reader problem), or with no marker yet.
+    never = [[data(0, 7, event="e1"), marker(1, 7, COMMIT)]]
+    assert lost_commit_evidence(["e2"], [], never, NAMES, NOW, SEEN) is None
+    committed = [[data(0, 7, event="e2"), marker(1, 7, COMMIT)]]
+    assert lost_commit_evidence(["e2"], [], committed, NAMES, NOW, SEEN) is None
+    open_txn = [[data(0, 7, event="e2")]]
+    assert lost_commit_evidence(["e2"], [], open_txn, NAMES, NOW, SEEN) is None
+    # A production nobody can name (not in the journal), or two productions for one input.
+    assert lost_commit_evidence(["e2"], [], aborted_log(), {}, NOW, SEEN) is None
+    twice = {**NAMES, "e2": {(0, 5), (1, 1)}}
+    assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), twice, NOW, SEEN) is None
+
+
+def test_journal_names_productions_written_or_skipped(tmp_path: Path) -> None:
+    journal = tmp_path / "deliveries.jsonl"
+    rows = [
+        {"e": "e1", "shard": 0, "seq": 4, "partition": 0, "offset": 5, "skipped": None},
+        {"e": "e1", "shard": 0, "seq": 4, "partition": None, "offset": None, "skipped": "x"},
+        {"e": "e2", "shard": 1, "seq": 2, "partition": None, "offset": None, "skipped": "x"},
+    ]
+    journal.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert journal_productions(journal) == {"e1": {(0, 4)}, "e2": {(1, 2)}}
+    assert journal_productions(tmp_path / "absent.jsonl") == {}
+
+
+# ---------------------------------------------------------------- plain consumer
+
+
+def fenced_then_live() -> list[list[RawBatch]]:
+    """p0: producer 7 epoch 0 wrote e1 and was fenced (ABORT); epoch 1 re-delivered e1,
+    committed, then aborted e2 itself and committed it again."""
+    return [
+        [
+            data(0, 7, event="e1", epoch=0),
+            marker(1, 7, ABORT, epoch=0),
+            data(2, 7, event="e1", epoch=1),
+            marker(3, 7, COMMIT, epoch=1),
+            data(4, 7, event="e2", epoch=1),
+            marker(5, 7, ABORT, epoch=1),
+            data(6, 7, event="e2", epoch=1),
+            marker(7, 7, COMMIT, epoch=1),
+        ]
+    ]
+
+
+def test_plain_view_exact_and_leak_of_a_fenced_producer() -> None:
+    log = fenced_then_live()
+    assert judge_plain_view("t", [(0, 2), (0, 6)], log).exact
+    view = judge_plain_view("t", [(0, 0), (0, 2), (0, 6)], log)
+    assert view.only_leaks and [(o.offset, o.producer_epoch) for o in view.leaked] == [(0, 0)]
+
+
+def test_extra_record_under_abort_of_the_live_producer_is_not_a_broker_defect() -> None:
+    view = judge_plain_view("t", [(0, 2), (0, 4), (0, 6)], fenced_then_live())
+    assert not view.only_leaks and "live producer id 7 epoch 1" in view.unexplained[0]
+
+
+def test_extra_record_under_commit_is_not_a_broker_defect() -> None:
+    # e3 is committed but sits after producer 9's transaction, which has no marker: Apache
+    # Kafka's read_committed stops there, so serving it is no aborted-data leak.
+    log = [[data(0, 9, event="e1"), data(1, 7, event="e3"), marker(2, 7, COMMIT)]]
+    view = judge_plain_view("t", [(0, 1)], log)
+    assert not view.only_leaks and "'COMMIT', not ABORT" in view.unexplained[0]
+
+
+def test_missing_and_doubled_records_never_pass_as_a_broker_defect() -> None:
+    log = fenced_then_live()
+    withheld = judge_plain_view("t", [(0, 0), (0, 2)], log)  # a leak, and e2 withheld
+    assert not withheld.only_leaks and withheld.withheld == [(0, 6)]
+    twice = judge_plain_view("t", [(0, 0), (0, 2), (0, 2), (0, 6)], log)
+    assert not twice.only_leaks and "served 2 times" in twice.unexplained[0]
+    nowhere = judge_plain_view("t", [(0, 2), (0, 6), (0, 99)], log)
+    assert not nowhere.only_leaks and "no data record" in nowhere.unexplained[0]
+
+
+def test_withheld_records_are_the_brokers_only_when_its_log_contradicts_its_lso() -> None:
+    # Producer 2 epoch 0 aborted (fenced); epoch 1 then committed e2 at offset 3.
+    log = [
+        [
+            data(0, 2, event="e1"),
+            marker(1, 2, ABORT),
+            marker(2, 3, ABORT),
+            data(3, 2, event="e2", epoch=1),
+            marker(4, 2, COMMIT, epoch=1),
+        ]
+    ]
+    view = judge_plain_view("t", [], log)
+    assert view.withheld == [(0, 3)] and not view.unexplained
+    evidence = withheld_by_broker(view, log, {0: 0})
+    assert evidence is not None and "last stable offset 0, no open transaction" in evidence
+    # An LSO past the withheld record: the consumer, not the broker's answer, stopped.
+    assert withheld_by_broker(view, log, {0: 5}) is None
+    # An LSO the broker would not give is no evidence.
+    assert withheld_by_broker(view, log, {0: "unreadable (TimeoutError)"}) is None
+
+
+def test_withheld_records_behind_an_open_transaction_are_not_the_brokers() -> None:
+    # Producer 9's transaction has no marker: a right broker also stops read_committed there.
+    # (judge_plain_view does not count e1 as withheld at all; the guard holds on its own.)
+    log = [[data(0, 9, event="e9"), data(1, 7, event="e1"), marker(2, 7, COMMIT)]]
+    assert judge_plain_view("t", [], log).withheld == []
+    view = PlainView(leaked=[], unexplained=[], withheld=[(0, 1)])
+    assert withheld_by_broker(view, log, {0: 0}) is None
+
+
+# ---------------------------------------------------------------- unserved / stuck
+
+
+def input_log(events: dict[int, str]) -> list[list[RawBatch]]:
+    return [[data(o, -1, transactional=False, event=e) for o, e in sorted(events.items())]]
+
+
+def test_input_acknowledged_but_not_served_is_the_brokers() -> None:
+    inputs = input_log({0: "e1", 2: "e3"})  # offset 1, where e2 was acknowledged, is gone
+    found = unserved_ack_evidence(["e2"], [], [[]], inputs, {"e2": [(0, 1)]})
+    assert found is not None and found[0] == UNSERVED_ACK_REASON, found
+
+
+def test_an_input_that_is_served_or_never_acknowledged_is_ours() -> None:
+    inputs = input_log({0: "e1", 1: "e2"})
+    assert unserved_ack_evidence(["e2"], [], [[]], inputs, {"e2": [(0, 1)]}) is None
+    assert unserved_ack_evidence(["e2"], [], [[]], input_log({}), {}) is None
+    assert unserved_ack_evidence(["e2"], [object()], [[]], input_log({}), {"e2": [(0, 1)]}) is None
+
+
+def stuck_log() -> list[list[RawBatch]]:
+    """p0: producer 9 opened a transaction at 0 and never marked it; e2 committed behind it."""
+    return [[data(0, 9, event="e1"), data(1, 7, event="e2"), marker(2, 7, COMMIT)]]
+
+
+def test_committed_record_behind_a_transaction_open_for_a_whole_timeout() -> None:
+    log = stuck_log()
+    found = unserved_ack_evidence(["e2"], [], log, None, {}, earlier=log, waited_s=WAITED)
+    assert found is not None and found[0] == STUCK_TXN_REASON, found
+
+
+def test_a_stuck_transaction_needs_a_whole_timeout_and_a_committed_record() -> None:
+    log = stuck_log()
+    assert unserved_ack_evidence(["e2"], [], log, None, {}) is None  # not watched
+    assert unserved_ack_evidence(["e2"], [], log, None, {}, earlier=log, waited_s=10) is None
+    # Open in the earlier read, since marked; the current one's blocker is another.
+    later = [[*log[0], marker(3, 9, ABORT), data(4, 8, event="e4"), data(5, 7, event="e5")]]
+    later[0].append(marker(6, 7, COMMIT))
+    assert unserved_ack_evidence(["e5"], [], later, None, {}, earlier=log, waited_s=WAITED) is None
+    # The missing record itself aborted: the sink's to deliver again, not the broker's.
+    aborted = [[data(0, 9, event="e1"), data(1, 7, event="e2"), marker(2, 7, ABORT)]]
+    assert (
+        unserved_ack_evidence(["e2"], [], aborted, None, {}, earlier=aborted, waited_s=WAITED)
+        is None
+    )
+
+
+# ---------------------------------------------------------------- helpers
 
 
 def test_the_earliest_unmarked_transaction_at_or_before_the_offset_is_the_blocker() -> None:
