@@ -797,10 +797,11 @@ def assert_exactly_once_around_holes(
 def check_plain_consumer(bootstrap: str, topic: str, truth: dict[str, Event]) -> None:
     """A plain confluent-kafka read_committed consumer sees exactly the committed records.
 
-    The one excuse is the broker's known defect, and only record by record: every record it
-    serves beyond the marker-aware view must sit under an ABORT marker of a fenced producer
-    instance (`judge_plain_view`), on a broker the probe caught serving aborted data. Committed
-    records it withholds fail the test whatever the broker.
+    The excuses are the broker's known defects, and only on broker-side evidence: every record
+    it serves beyond the marker-aware view must sit under an ABORT marker of a fenced producer
+    instance (`judge_plain_view`), on a broker the probe caught serving aborted data; committed
+    records it withholds only where the broker's last stable offset contradicts its own log
+    (`withheld_by_broker`). Anything else fails the test.
     """
     partitions = read_raw_topic(bootstrap, topic)
     for _ in range(3):  # a slow broker (Tansu on s3:// after a restart) can pause a reader
