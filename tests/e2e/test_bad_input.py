@@ -191,7 +191,8 @@ def test_bad_kafka_records_are_dead_lettered_and_good_ones_counted_once(
     # The year-2100 records never became the injector's watermark estimate (the input
     # watermark is the min over both streams, so only the injector's own value shows it).
     orders_wm = WatermarkAuthority(redis_client, app_name).injector_watermark(
-        "orders", ["orders@tally"]
+        "orders",
+        [f"orders@{app_name}"],  # the fused query's instance of the source
     )
     assert 0 < orders_wm.event < int(time.time() * 1000) + 60_000, orders_wm
 
