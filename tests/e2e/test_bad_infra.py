@@ -176,7 +176,7 @@ def test_redis_at_maxmemory_is_reported_and_retried_then_counted_exactly_once(
             r.getMessage() for r in caplog.records if "is at maxmemory" in r.getMessage()
         )
         assert f"Redis at {service.url} is at maxmemory and refuses writes" in message, message
-        assert "computation 'tally' cannot commit batch" in message, message
+        assert f"application {app_name!r} cannot commit batch" in message, message
         assert "CONFIG SET maxmemory" in message and "noeviction" in message, message
         assert "Retrying in" in message, message
         assert shard_states(client, app_name, "tally", SHARDS) == before  # nothing committed

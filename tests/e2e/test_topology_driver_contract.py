@@ -94,6 +94,8 @@ def _contract_topology(app: str, topic: str) -> Topology:
     topology.computation(
         "total", WindowTotal(), inputs={"counts": json_field("w")}, outputs=["totals"], shards=2
     )
+    # Handed from count to total inside each batch; published so the test can read it too.
+    topology.publish("counts")
     return topology
 
 
