@@ -193,6 +193,7 @@ class Application:
         self._ensure_topics([runner])
         with contextlib.suppress(Exception):
             old.query.stop()
+        old.close()
         self.layout.save(Segment(segment, tuple(runner.order), tuple(runner.reads())))
         runner.start(self.spark)
         self.runners[segment] = runner
@@ -223,6 +224,7 @@ class Application:
         if not rest:
             with contextlib.suppress(Exception):
                 old.query.stop()
+            old.close()
             del self.runners[segment]
             self.layout.drop(segment)
             log.info("stopped query %s (computation %s removed)", segment, name)

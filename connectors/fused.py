@@ -392,6 +392,11 @@ class FusedRunner:
         suffix = "" if self.segment == MAIN else f"-{self.segment}"
         return f"{self.settings.checkpoint_dir}/{self.topology.app}/fused{suffix}"
 
+    def close(self) -> None:
+        """Release the delivery threads of a runner that will not run again (replaced or
+        removed at run time); its query is stopped by then."""
+        self._pool.shutdown(wait=False)
+
     def read_partitions(self) -> None:
         """Each topic input's partition count, from the broker's metadata: a topic created
         beforehand may have more than the default, and records in flight in partitions the
