@@ -564,6 +564,7 @@ class FusedRunner:
         phases: dict[str, float] = {"read": round(time.perf_counter() - started, 4)}
         now = now_ms()
         injected = self._injected_watermarks()
+        at_end = self._end_estimates(batch_id, injected)
         published: dict[str, Watermark] = {}
         handed: dict[str, list[tuple]] = {}
         done: list[_Done] = []
@@ -571,13 +572,14 @@ class FusedRunner:
             stage_started = time.perf_counter()
             stage = self.stages[name]
             input_wm = self._input_watermark(stage, injected, published)
-            plan = self._plan(stage, batch_id, input_wm, now)
+            end_wm = self._end_watermark(stage, at_end)
+            plan = self._plan(stage, batch_id, input_wm, now, end_wm)
             inputs = self._route(stage, by_stream, handed)
-            busy = self._busy_shards(stage, inputs, input_wm.event, now)
+            busy = self._busy_shards(stage, inputs, (end_wm or input_wm).event, now)
             results = self._run_shards(batch_df.sparkSession, plan, stage, inputs, busy)
             self._record_consumed(stage, results)
             oldest = oldest_work(self.client, stage.keys(self.topology.app))
-            published[name] = self.authority.publish(name, merge_min([input_wm, *oldest]))
+            published[name] = self.authority.publish(name, merge_min([end_wm or input_wm, *oldest]))
             handing = self._hand_over(stage, plan, results, handed)
             if handing:
                 # This computation committed, the ones after it have not run yet.
@@ -591,6 +593,8 @@ class FusedRunner:
             fault_point("fused_after_consumers_commit")  # consumers committed, nothing acked
         delivery_started = time.perf_counter()
         delivery = self._deliver_and_acknowledge(done)
+        if done and at_end is not None:
+            self._republish(at_end)
         phases["deliver_ack"] = round(time.perf_counter() - delivery_started, 4)
         self._record(batch_id, delivery, time.perf_counter() - started, rows, phases)
 
@@ -728,7 +732,11 @@ class FusedRunner:
         """min over input streams: injector estimates; producers' watermarks as published
         after their commits in this batch (their handed productions still count there); for a
         stream another query produces, also its records delivered to the topic and not yet
-        read here (in flight)."""
+        read here (in flight).
+
+        Published monotonically as `<computation>#input`; returned as computed now, since it
+        judges which of the batch's records are late: a re-run of a batch whose first attempt
+        published its end watermark there must not find its own records late."""
         parts: list[Watermark] = []
         for stream in stage.spec.inputs:
             if stream in self.topology.sources:
@@ -743,9 +751,76 @@ class FusedRunner:
                 parts.append(self.authority.in_flight(stream, partitions, consumed))
                 if not self._caught_up(stage, stream, consumed):
                     parts.append(NONE_KNOWN)
-        return self.authority.publish(f"{stage.name}#input", merge_min(parts))
+        value = merge_min(parts)
+        self.authority.publish(f"{stage.name}#input", value)
+        return value
 
-    def _plan(self, stage: Stage, batch_id: int, input_wm: Watermark, now: int) -> BatchPlan:
+    def _end_estimates(
+        self, batch_id: int, injected: dict[str, Watermark]
+    ) -> dict[str, Watermark] | None:
+        """Each injected stream's watermark once this batch's records are applied: the
+        estimates the injectors stored with the batch's end offsets in Spark's offset log (what
+        their commit publishes later), less the out-of-order bound. None when the log cannot
+        be read here (a checkpoint not on the local file system)."""
+        try:
+            entry = _offset_log(
+                Path(self.checkpoint.removeprefix("file:")) / "offsets" / str(batch_id)
+            )
+        except (OSError, ValueError) as exc:
+            log.debug("batch %s: offset log not readable here (%s)", batch_id, exc)
+            return None
+        if len(entry) != len(self.sources):
+            return None
+        ends: dict[str, Watermark] = {}
+        for (_fmt, options), offset in zip(self.sources, entry, strict=True):
+            if "instance" not in options:
+                continue  # a topic another query writes: its producers bound it, not an estimate
+            try:
+                event, system = (int(v) for v in offset["wm"])
+            except (KeyError, TypeError, ValueError):
+                return None
+            stream = options["stream"]
+            estimate = Watermark(event, system)
+            ends[stream] = estimate if stream not in ends else ends[stream].min(estimate)
+        out = dict(injected)
+        for stream, estimate in ends.items():
+            bound = self.topology.out_of_order_ms.get(stream, 0)
+            if estimate.event > NONE_KNOWN.event:
+                estimate = Watermark(estimate.event - bound, estimate.system)
+            out[stream] = estimate.max(injected.get(stream, NONE_KNOWN))
+        return out
+
+    def _end_watermark(self, stage: Stage, at_end: dict[str, Watermark] | None) -> Watermark | None:
+        """The input watermark of a computation that reads injected streams only, once it
+        applied the batch's records (it read them up to the end offsets); None otherwise."""
+        if at_end is None or any(s not in self.topology.sources for s in stage.spec.inputs):
+            return None
+        value = merge_min([at_end.get(s, NONE_KNOWN) for s in stage.spec.inputs])
+        # Published before the tasks run, as the input watermark always was: a firing seen
+        # committed is never ahead of the published input watermark.
+        self.authority.publish(f"{stage.name}#input", value)
+        return value
+
+    def _republish(self, at_end: dict[str, Watermark]) -> None:
+        """After the acknowledgements, each computation's low watermark again, in topological
+        order: the productions just acknowledged no longer hold it, and its injected inputs
+        count at the batch's end estimates. Without this, a window count emitted in this batch
+        would hold its producer's watermark at the window's end until the next batch."""
+        published: dict[str, Watermark] = {}
+        for name in self.order:
+            stage = self.stages[name]
+            input_wm = self._input_watermark(stage, at_end, published)
+            oldest = oldest_work(self.client, stage.keys(self.topology.app))
+            published[name] = self.authority.publish(name, merge_min([input_wm, *oldest]))
+
+    def _plan(
+        self,
+        stage: Stage,
+        batch_id: int,
+        input_wm: Watermark,
+        now: int,
+        end_wm: Watermark | None = None,
+    ) -> BatchPlan:
         """What every shard task of this computation's part of the batch needs."""
         output_wm = self.authority.published(stage.name) or NONE_KNOWN
         internal = frozenset(s for s in stage.spec.inputs if s not in self.topology.sources)
@@ -768,6 +843,7 @@ class FusedRunner:
             deliver_in_task=False,
             output_watermark=output_wm.event,
             handed_streams=frozenset(stage.consumers),
+            end_watermark=end_wm,
         )
 
     def _route(

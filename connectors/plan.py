@@ -40,6 +40,11 @@ class BatchPlan:
     # a weak production on one is checkpointed like a strong one, since the hand-over comes
     # after the commit; weak productions on other streams are delivered before it.
     handed_streams: frozenset[str] = frozenset()
+    # The input watermark once this batch's records are applied: the injectors' estimates at
+    # the batch's end offsets (the value their commit publishes). Event timers up to it fire
+    # after the records, in this batch, instead of waiting for the next one. None: no such
+    # pass (an input another computation produces has no estimate before its commit).
+    end_watermark: Watermark | None = None
 
 
 @dataclass(frozen=True)

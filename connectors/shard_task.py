@@ -1,9 +1,9 @@
 """The executor side of DESIGN.md section 2: one shard of one computation's part of a batch.
 
-`acquire` -> `dedup` -> `fire_timers` -> `run_records` -> `commit` (one guarded commit); the
-task returns its checkpointed productions with its lease, and the driver hands them over,
-delivers and acknowledges them (`connectors/fused.py`). Weak productions are delivered before
-the commit (`deliver_weak`).
+`acquire` -> `dedup` -> `fire_timers` -> `run_records` -> `fire_timers_at_end` -> `commit`
+(one guarded commit); the task returns its checkpointed productions with its lease, and the
+driver hands them over, delivers and acknowledges them (`connectors/fused.py`). Weak
+productions are delivered before the commit (`deliver_weak`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from millstream.headers import (
     decode_time_header,
     visible_headers,
 )
-from millstream.records import Production, Record, Timer
+from millstream.records import Production, Record, TimeDomain, Timer
 from millstream.state.catalog import Verdict
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
@@ -191,6 +191,9 @@ class _KeyRunner:
         self.counters: dict[str, int] = {}
         weak = spec.options.productions == "weak"
         self.weak: list[Production] | None = [] if weak else None
+        # What user code sees as the low watermark: the batch's input watermark, then its end
+        # watermark for the timers that fire after the records.
+        self.low_watermark = plan.input_watermark.event
 
     def _id_factory(self, origin: Record | Timer) -> Any:
         """Strong productions get random ids, fixed when checkpointed. Weak productions are sent
@@ -224,7 +227,7 @@ class _KeyRunner:
                 new_id=self._id_factory(arg),
                 state=self.states.get(key),
                 serde=self.serde,
-                low_watermark=self.plan.input_watermark.event,
+                low_watermark=self.low_watermark,
                 now=self.plan.now,
                 timestamp=timestamp,
                 outputs=self.spec.outputs,
@@ -294,11 +297,14 @@ def _run_once(
     _note_positions(result, items)
     fresh = dedup(plan, spec, store, items)
     keys_needed = [r.key for i, r in fresh if i.error is None]
-    states, due = store.load(keys_needed, plan.input_watermark.event, plan.now)
+    start = plan.input_watermark.event
+    end = start if plan.end_watermark is None else max(start, plan.end_watermark.event)
+    states, due = store.load(keys_needed, end, plan.now)
     runner = _KeyRunner(plan, spec, dict(states))
     txn = store.begin(plan.batch_id)
-    fire_timers(plan, spec, runner, txn, due)
+    fire_timers(plan, spec, runner, txn, [t for t in due if not _after_records(t, start)])
     run_records(plan, spec, runner, txn, fresh)
+    fire_timers_at_end(plan, spec, runner, txn, [t for t in due if _after_records(t, start)])
     deliver_weak(plan, spec, store, runner, txn)
     commit(store, txn, runner, fresh, plan.gc_watermark)
     fault_point(f"after_commit_{spec.name}")  # committed, nothing returned to the driver yet
@@ -343,6 +349,18 @@ def dedup(
     return [(i, r) for i, r, v in zip(items, records, verdicts, strict=True) if v is Verdict.NEW]
 
 
+def _after_records(timer: Timer, input_watermark: int) -> bool:
+    """An event timer due only at the batch's end watermark fires after the records."""
+    return timer.domain is TimeDomain.EVENT and timer.time > input_watermark
+
+
+def _still_set(txn: Any, timer: Timer) -> bool:
+    """Not moved or deleted by an earlier firing (or record) of this batch."""
+    if not txn.has_timer_op(timer.key, timer.tag):
+        return True
+    return txn.timer_op(timer.key, timer.tag) == (timer.domain, timer.time, timer.hold)
+
+
 def fire_timers(
     plan: BatchPlan, spec: ComputationSpec, runner: _KeyRunner, txn: Any, due: list[Timer]
 ) -> None:
@@ -350,7 +368,7 @@ def fire_timers(
     while every on-time record of the batch has timestamp >= W, so in event time they come
     first. A timer an earlier firing of this batch moved or deleted does not fire."""
     for timer in firing_order(due):
-        if txn.has_timer_op(timer.key, timer.tag):
+        if not _still_set(txn, timer):
             continue
         txn.delete_timer(timer.key, timer.tag)
         outcome = runner.call(timer.key, spec.computation.process_timer, timer)
@@ -375,6 +393,25 @@ def fire_timers(
         else:
             _apply(txn, runner, timer.key, outcome)
             runner.count("timers_fired")
+
+
+def fire_timers_at_end(
+    plan: BatchPlan, spec: ComputationSpec, runner: _KeyRunner, txn: Any, stored: list[Timer]
+) -> None:
+    """4b. Event timers due at the batch's end watermark (`BatchPlan.end_watermark`), after
+    the records: stored ones and those the records just set. Once the batch's records are
+    applied, no input older than that watermark is still to come, so a window whose end it
+    passed closes in this batch rather than one trigger later."""
+    if plan.end_watermark is None:
+        return
+    end = plan.end_watermark.event
+    due = {(t.key, t.tag): t for t in stored}
+    for key, tag, domain, time_, hold in txn.set_timers():
+        if domain is TimeDomain.EVENT and time_ <= end:
+            due[(key, tag)] = Timer(key, tag, time_, domain, hold)
+    if due:
+        runner.low_watermark = end
+        fire_timers(plan, spec, runner, txn, list(due.values()))
 
 
 def run_records(

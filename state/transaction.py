@@ -104,6 +104,10 @@ class ShardTransaction:
         deleted."""
         return self._fx.timers[(key, tag)]
 
+    def set_timers(self) -> list[tuple[str, str, TimeDomain, int, int | None]]:
+        """Timers set (not deleted) in this transaction: (key, tag, domain, time, hold)."""
+        return [(k, t, *op) for (k, t), op in self._fx.timers.items() if op is not None]
+
     def add_ids(self, bucketed: list[tuple[int, bytes, bytes]]) -> None:
         """(bucket, id, position) entering the catalog with this commit: a redelivery of the
         id is then a duplicate (another position) or a replay (the same position)."""
