@@ -20,8 +20,8 @@ lint: setup ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: setup ## mypy on the package
-	$(BIN)/mypy millstream connectors injectors sinks state
+typecheck: setup ## mypy on the package, laid out as installed (see scripts/typecheck.py)
+	$(BIN)/python scripts/typecheck.py
 
 test: setup lint typecheck ## Lint, type check and the full pytest suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

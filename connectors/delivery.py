@@ -56,7 +56,7 @@ def deliver_all(
     delivered: list[Production] = []
     for stream, items in by_stream.items():
         targets = plan.deliveries.get(stream, ())
-        for target in targets:  # type: ignore[attr-defined]
+        for target in targets:
             fault_point("after_redis_commit")  # a no-op unless a test installed a hook
             report = _sink(plan, computation, stream, target).deliver(ref, items)
             fault_point("after_kafka_commit")

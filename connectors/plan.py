@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from millstream.state.shard import ShardConfig
 from millstream.state.watermarks import UNKNOWN, Watermark
+
+if TYPE_CHECKING:  # connectors.delivery imports this module
+    from millstream.connectors.delivery import Target
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,7 @@ class BatchPlan:
     user_retries: int
     fail_stop: bool
     internal_inputs: frozenset[str]
-    deliveries: Mapping[str, object]  # stream -> sink factory (see connectors.delivery)
+    deliveries: Mapping[str, Sequence[Target]]  # stream -> its sinks (see connectors.delivery)
     in_flight_streams: frozenset[str]  # streams whose deliveries hold consumers' watermarks
     # Bad-input bounds (MILLSTREAM_MAX_RECORD_BYTES, MILLSTREAM_MAX_FUTURE_MS): a record beyond
     # them is dead-lettered, so per-key state stays bounded and no timestamp far ahead of the

@@ -23,6 +23,9 @@ Parsed = (
     tuple[bytes | None, int | None, bytes | None]
     | tuple[bytes | None, int | None, bytes | None, bytes | None]
 )
+# What parse_line returns: a parser's result, checked, always with a fourth item, the content
+# id (CONTENT_ID_PREFIX + the parser's id; None when it gave none: the id is the line's position).
+Checked = tuple[bytes | None, int | None, bytes | None, bytes | None]
 CONTENT_ID_PREFIX = b"i"  # keeps content ids apart from positional ids (b"f" + varints)
 Parser = Callable[[bytes], Parsed]
 
@@ -113,7 +116,7 @@ def load_parser(spec: str) -> Parser:
     return load_callable(spec, "parser")  # type: ignore[return-value]
 
 
-def parse_line(parser: Parser, line: bytes, name: str) -> Parsed:
+def parse_line(parser: Parser, line: bytes, name: str) -> Checked:
     """Run `parser` and check its result, so a buggy parser yields error rows, not crashes."""
     try:
         result = parser(line)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from millstream.state.client import RedisClient
-from millstream.state.keys import ShardKeys, app_key
+from millstream.state.keys import app_key
 
 # Held when nothing is known yet (no injector has reported): nothing may fire.
 UNKNOWN = -(2**62)
@@ -140,13 +140,6 @@ return out
         )
         assert result is not None
         return result
-
-    def shard_oldest_work(self, app: str, computation: str, shards: int) -> list[Watermark | None]:
-        """Each shard's last committed oldest work (None: never committed, holds the watermark)."""
-        pipe = self._client.pipeline(transaction=False)
-        for shard in range(shards):
-            pipe.get(ShardKeys(app, computation, shard).oldest_work)
-        return [Watermark.decode(raw) for raw in pipe.execute()]
 
     # --- records in flight in topics --------------------------------------------------------
     def add_in_flight(

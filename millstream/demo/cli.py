@@ -230,9 +230,10 @@ def run_demo(
         sampler.stop()
         watcher.stop()
 
-    closed_before = (
-        authority.published("window_counter#input") or authority.published("window_counter")
-    ).event
+    closed = authority.published("window_counter#input") or authority.published("window_counter")
+    if closed is None:  # drained() saw window_counter's watermark: only a wiped Redis gets here
+        raise RuntimeError(f"window_counter of {app} has no published watermark in Redis")
+    closed_before = closed.event
     windows = [r.value for r in read_committed(bootstrap, topics["window_topic"]) if r.value]
     anomalies = [r.value for r in read_committed(bootstrap, topics["anomaly_topic"]) if r.value]
     stages = {stage: committed_counters(client, app, stage, opts.shards) for stage in STAGES}

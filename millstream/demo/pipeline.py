@@ -7,9 +7,11 @@ queries -> window_counter -> window_counts -> model_calculator -> model_updates
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from millstream import Computation, Context, Record, Timer, Topology, json_field
+from millstream.injectors.sources import Source
 
 WINDOW_MS = 1000
 ALPHA = 0.1  # weight of the newest second in the per-query model
@@ -99,10 +101,12 @@ class DipDetector(Computation):
         ctx.produce("anomalies", ctx.key, anomaly, timestamp)
 
 
-def build(app: str, sources: dict[str, object], sinks: dict[str, object], shards: int) -> Topology:
+def build(
+    app: str, sources: Mapping[str, Source], sinks: Mapping[str, object], shards: int
+) -> Topology:
     """Wire the graph; `sources` and `sinks` come from the demo's configuration."""
     topology = Topology(app)
-    topology.source("queries", *sources.values())  # type: ignore[arg-type]
+    topology.source("queries", *sources.values())
     by_query = json_field("q")
     topology.computation(
         "window_counter",
