@@ -15,7 +15,7 @@ from millstream.errors import (
     TimestampContractError,
     TransientError,
 )
-from millstream.injectors.sources import kafka_source, logfile_source
+from millstream.injectors.sources import Source, kafka_source, logfile_source
 from millstream.records import Production, Record, TimeDomain, Timer
 from millstream.settings import Settings
 
@@ -33,6 +33,7 @@ __all__ = [
     "Production",
     "Record",
     "Settings",
+    "Source",
     "TimeDomain",
     "Timer",
     "TimestampContractError",

@@ -10,8 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from millstream import Computation, Context, Record, Timer, Topology, json_field
-from millstream.injectors.sources import Source
+from millstream import Computation, Context, Record, Source, Timer, Topology, json_field
 
 WINDOW_MS = 1000
 ALPHA = 0.1  # weight of the newest second in the per-query model
