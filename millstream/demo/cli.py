@@ -13,7 +13,15 @@ from typing import Any
 from millstream.demo.generator import MAX_DELAY_MS, WINDOW_MS, plan_traffic
 from millstream.demo.observe import STAGES, ResultWatcher, WatermarkSampler
 from millstream.demo.options import DemoOptions, from_args
-from millstream.demo.report import lag_summary, percentiles, plot_all, text_report, write_json
+from millstream.demo.report import (
+    crash_span,
+    lag_summary,
+    percentiles,
+    plot_all,
+    split_latency,
+    text_report,
+    write_json,
+)
 from millstream.demo.traffic import TrafficPlayer
 from millstream.demo.verify import verify
 from millstream.settings import Settings
@@ -243,14 +251,16 @@ def run_demo(
     window_latency = [
         (seen - (w + WINDOW_MS)) / 1000 for (_, w), seen in watcher.first_seen.items()
     ]
-    record_latency = []
+    journeys: list[tuple[int, int]] = []  # (sent, its window count first visible), wall ms
     for event in plan.events:
         if event.kind != "event":
             continue
         wall = start_wall + event.event_ms
         seen = watcher.first_seen.get((event.query, wall - wall % WINDOW_MS))
         if seen is not None:
-            record_latency.append((seen - (start_wall + event.send_ms)) / 1000)
+            journeys.append((start_wall + event.send_ms, seen))
+    record_latency = [(seen - sent) / 1000 for sent, seen in journeys]
+    span = crash_span(faults, sampler.samples)
     series = _series(plan, start_wall, windows)
     plots = plot_all(folder, record_latency, sampler.samples, start_wall, faults, series)
     summary: dict[str, Any] = {
@@ -274,7 +284,14 @@ def run_demo(
             "window_counts_out": len(windows),
             "anomalies_out": len(anomalies),
         },
-        "latency": {"record": percentiles(record_latency), "window": percentiles(window_latency)},
+        "latency": {
+            "record": percentiles(record_latency),
+            "window": percentiles(window_latency),
+            **split_latency(journeys, span),
+            "crash_span_s": None
+            if span is None
+            else [(span[0] - start_wall) / 1000, (span[1] - start_wall) / 1000],
+        },
         "watermark_lag": lag_summary(sampler.samples, start_wall + 10_000),
         "faults": faults,
         "plots": plots,

@@ -32,6 +32,39 @@ def lag_summary(samples: list[dict[str, Any]], after_ms: int) -> dict[str, dict[
     return out
 
 
+def crash_span(
+    faults: list[dict[str, Any]], samples: list[dict[str, Any]], stage: str = "window_counter"
+) -> tuple[int, int] | None:
+    """The crash and its catch-up, in wall ms: from the first fault until, after the pipeline
+    made progress again, `stage`'s low-watermark lag is back within 1 s of its median before
+    the fault (the end of the samples if it never is). None without a fault."""
+    if not faults:
+        return None
+    killed = int(faults[0]["at_ms"])
+    recovered = killed + int(1000 * faults[0].get("recovery_s", 0.0))
+    before = [s[stage] for s in samples if s.get(stage) is not None and s["t"] < killed]
+    if not before:
+        return killed, recovered
+    threshold = statistics.median(before) + 1000
+    after = [s for s in samples if s.get(stage) is not None and s["t"] >= recovered]
+    back = next((s["t"] for s in after if s[stage] <= threshold), None)
+    end = back if back is not None else max((s["t"] for s in after), default=recovered)
+    return killed, end
+
+
+def split_latency(
+    journeys: list[tuple[int, int]], span: tuple[int, int] | None
+) -> dict[str, dict[str, float | None]]:
+    """Event -> window count visible, in s, for events whose journey (sent, seen; wall ms)
+    missed the crash span and for those it overlapped."""
+    outside: list[float] = []
+    inside: list[float] = []
+    for sent, seen in journeys:
+        crash = span is not None and sent <= span[1] and seen >= span[0]
+        (inside if crash else outside).append((seen - sent) / 1000)
+    return {"outside_crash": percentiles(outside), "crash_and_catch_up": percentiles(inside)}
+
+
 def plot_all(
     folder: Path,
     record_latency_s: list[float],
@@ -114,6 +147,13 @@ def text_report(summary: dict[str, Any]) -> str:
         f"p50 {lat['record']['p50']} s, p95 {lat['record']['p95']} s, p99 {lat['record']['p99']} s; "
         f"window end -> visible: p50 {lat['window']['p50']} s, p99 {lat['window']['p99']} s"
     )
+    if "outside_crash" in lat:
+        out, crash = lat["outside_crash"], lat["crash_and_catch_up"]
+        lines.append(
+            f"  event -> window count visible outside the crash and its catch-up: p50 "
+            f"{out['p50']} s, p99 {out['p99']} s; during them: p50 {crash['p50']} s, "
+            f"p99 {crash['p99']} s"
+        )
     lag = ", ".join(
         f"{stage} {v['median_s']:.2f}s"
         for stage, v in summary["watermark_lag"].items()

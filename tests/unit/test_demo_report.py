@@ -1,0 +1,47 @@
+"""The demo's split of event -> window count latency around its SIGKILL (pure functions)."""
+
+from __future__ import annotations
+
+from millstream.demo.report import crash_span, split_latency
+
+KILL = 100_000
+
+
+def _samples(lags: dict[int, int]) -> list[dict[str, int]]:
+    return [{"t": t, "window_counter": lag} for t, lag in sorted(lags.items())]
+
+
+def test_the_span_runs_from_the_kill_until_the_lag_is_back_near_its_median_before() -> None:
+    samples = _samples(
+        {
+            90_000: 1_000,
+            95_000: 1_400,
+            99_000: 1_200,  # median before the kill: 1.2 s
+            105_000: 9_000,
+            110_000: 4_000,
+            115_000: 2_100,  # within 1 s of 1.2 s: caught up
+            120_000: 1_100,
+        }
+    )
+    faults = [{"at_ms": KILL, "recovery_s": 4.0}]
+    assert crash_span(faults, samples) == (KILL, 115_000)
+    assert crash_span([], samples) is None
+
+
+def test_a_lag_that_never_comes_back_ends_the_span_at_the_last_sample() -> None:
+    samples = _samples({99_000: 1_000, 110_000: 9_000, 130_000: 8_000})
+    assert crash_span([{"at_ms": KILL, "recovery_s": 5.0}], samples) == (KILL, 130_000)
+
+
+def test_journeys_overlapping_the_span_are_reported_apart() -> None:
+    journeys = [
+        (10_000, 12_000),  # 2 s, long before
+        (98_000, 101_000),  # visible after the kill: in the crash part
+        (112_000, 125_000),  # sent during the catch-up
+        (130_000, 133_000),  # 3 s, after
+    ]
+    split = split_latency(journeys, (KILL, 115_000))
+    assert split["outside_crash"]["p50"] in (2.0, 3.0)
+    assert split["outside_crash"]["p99"] == 3.0
+    assert split["crash_and_catch_up"]["p99"] == 13.0
+    assert split_latency(journeys, None)["crash_and_catch_up"]["p50"] is None
