@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import pickle
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,10 +48,11 @@ from millstream.connectors.backpressure import (
     targets_of,
 )
 from millstream.connectors.delivery import Target, deliver_all
+from millstream.connectors.formats import AvroFormat, JsonFormat
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.routing import route
 from millstream.connectors.segments import MAIN, SegmentLayout
-from millstream.connectors.shard_task import ShardResult, run_shard
+from millstream.connectors.shard_task import STREAM, ShardResult, run_shard
 from millstream.connectors.targets import TOPIC_TIMEOUT_S, Endpoints, InternalStreamSink, UserSink
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import ConfigurationError, FencedError, MillstreamError
@@ -147,13 +149,43 @@ class _Done:
     result: ShardResult
 
 
+# Formats that decode into builtins and standard-library types only: what they decoded can
+# travel to a task pickled by the standard library. A user's ValueFormat may return instances
+# of classes only its driver script defines, which only cloudpickle carries.
+_PORTABLE_FORMATS = (JsonFormat, AvroFormat)
+
+
+def _task_payload(spec: ComputationSpec, group: list[tuple[int, list[TaskInput]]]) -> bytes:
+    """One Spark task's shards and their rows, pickled here by the standard library as plain
+    tuples: `parallelize` would cloudpickle them, 0.29 s for 20,000 rows on this machine
+    against 0.035 s. A value a user format decoded is left out; the task decodes it again."""
+    portable = {s for s, f in spec.formats.items() if type(f) in _PORTABLE_FORMATS}
+    return pickle.dumps(
+        [
+            (
+                shard,
+                [
+                    (i.key, i.row, i.error, i.data, i.decoded)
+                    if not i.decoded or i.row[STREAM] in portable
+                    else (i.key, i.row, i.error, None, False)
+                    for i in items
+                ],
+            )
+            for shard, items in group
+        ],
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
+
+
 def _fused_task(
-    plan: BatchPlan, spec: ComputationSpec, groups: Iterator[list[tuple[int, list[TaskInput]]]]
-) -> Iterator[ShardResult]:
-    """Executor side: run the shards of this task one after the other."""
-    for group in groups:
-        for shard, items in group:
-            yield run_shard(plan, spec, shard, items)
+    plan: BatchPlan, spec: ComputationSpec, payloads: Iterator[bytes]
+) -> Iterator[bytes]:
+    """Executor side: run the shards of this task one after the other; each result goes back
+    pickled by the standard library too (cloudpickle is several times slower)."""
+    for payload in payloads:
+        for shard, items in pickle.loads(payload):
+            result = run_shard(plan, spec, shard, [TaskInput(*item) for item in items])
+            yield pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _offset_log(path: Path) -> list[dict]:
@@ -900,12 +932,15 @@ class FusedRunner:
             return [run_shard(plan, stage.spec, s, list(inputs.get(s, []))) for s in busy]
         context = spark.sparkContext
         slots = max(1, min(len(busy), context.defaultParallelism))
-        groups = [[(s, inputs.get(s, [])) for s in busy[i::slots]] for i in range(slots)]
+        payloads = [
+            _task_payload(stage.spec, [(s, inputs.get(s, [])) for s in busy[i::slots]])
+            for i in range(slots)
+        ]
         context.setLocalProperty("spark.scheduler.pool", "millstream")
-        job = context.parallelize(groups, slots).mapPartitions(
+        job = context.parallelize(payloads, slots).mapPartitions(
             functools.partial(_fused_task, plan, stage.spec)
         )
-        return list(job.collect())
+        return [pickle.loads(result) for result in job.collect()]
 
     def _deliver_and_acknowledge(self, done: list[_Done]) -> dict[str, dict[str, int]]:
         """Deliver what leaves the application, then acknowledge each shard's checkpoints."""
