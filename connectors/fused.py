@@ -57,7 +57,7 @@ from millstream.connectors.targets import TOPIC_TIMEOUT_S, Endpoints, InternalSt
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import ConfigurationError, FencedError, MillstreamError
 from millstream.fault_points import fault_point
-from millstream.injectors.kafka import read_batch
+from millstream.injectors import kafka, logfile
 from millstream.kafka_admin import check_topics, end_offsets
 from millstream.records import Production
 from millstream.settings import Settings, mask_url
@@ -81,6 +81,9 @@ COLUMNS = (
     "headers", "error",
 )  # fmt: skip
 DELIVERY_THREADS = 8
+# The sources the driver reads itself (MILLSTREAM_DRIVER_READ), by format: the same reader
+# code their Spark tasks run.
+DRIVER_READERS = {"millstream-kafka": kafka.read_batch, "millstream-logfile": logfile.read_batch}
 OOM_RETRY_SECONDS = 600  # how long a batch waits for Redis to accept writes again
 
 
@@ -633,12 +636,12 @@ class FusedRunner:
     def _read(self, batch_df: Any, batch_id: int) -> tuple[dict[str, list[tuple]], int]:
         """The batch's rows in the driver, grouped by stream.
 
-        Kafka sources are read here, from the ranges Spark logged for the batch before running
-        it (its offset log), with the injector's own reader and warm consumers: the rows Spark
-        would produce, without a Python worker per partition, the round trip through the JVM
-        and the Arrow collection (0.8 s of a 1.25 s batch measured that way). Otherwise (a log
-        file source, batch 0, a checkpoint not on the local file system), Spark reads them and
-        they reach the driver once as Arrow.
+        Kafka and log-file sources are read here, from the ranges Spark logged for the batch
+        before running it (its offset log), with the injector's own reader (Kafka's with warm
+        consumers): the rows Spark would produce, without a Python worker per partition, the
+        round trip through the JVM and the Arrow collection (0.8 s of a 1.25 s batch measured
+        that way). Otherwise (batch 0, a checkpoint not on the local file system), Spark reads
+        them and they reach the driver once as Arrow.
         """
         logged = self._logged_offsets(batch_id)
         if logged is None:
@@ -646,8 +649,8 @@ class FusedRunner:
         else:
             rows = [
                 row
-                for (_fmt, options), (start, end) in zip(self.sources, logged, strict=True)
-                for batch in read_batch(options, start, end)
+                for (fmt, options), (start, end) in zip(self.sources, logged, strict=True)
+                for batch in DRIVER_READERS[fmt](options, start, end)
                 for row in _rows(batch)
             ]
         by_stream: dict[str, list[tuple]] = {}
@@ -657,10 +660,10 @@ class FusedRunner:
 
     def _logged_offsets(self, batch_id: int) -> list[tuple[dict, dict]] | None:
         """Each source's (start, end) offsets of this batch from the query's offset log, when
-        every source is a Kafka injector and the log can be read here; else None."""
+        every source is a Kafka or log-file injector and the log can be read here; else None."""
         if batch_id == 0 or not self.settings.driver_read:
             return None
-        if any(fmt != "millstream-kafka" for fmt, _ in self.sources):
+        if any(fmt not in DRIVER_READERS for fmt, _ in self.sources):
             return None
         folder = Path(self.checkpoint.removeprefix("file:")) / "offsets"
         try:
@@ -671,10 +674,14 @@ class FusedRunner:
             return None
         if len(ends) != len(self.sources) or len(starts) != len(self.sources):
             return None
-        for (_fmt, options), end in zip(self.sources, ends, strict=True):
+        for (fmt, options), end in zip(self.sources, ends, strict=True):
+            if fmt == "millstream-logfile":
+                if "files" not in end:
+                    return None  # not the source this slot was built for: let Spark read
+                continue
             topics = set(options["topics"].split(",")) if "topics" in options else None
             logged = {key.rsplit(":", 1)[0] for key in end.get("p", {})}
-            if topics is not None and not logged <= {t.strip() for t in topics}:
+            if "p" not in end or (topics is not None and not logged <= {t.strip() for t in topics}):
                 return None  # not the source this slot was built for: let Spark read
         return list(zip(starts, ends, strict=True))
 

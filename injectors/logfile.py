@@ -360,6 +360,17 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._slices.read(partition)
 
 
+def read_batch(
+    options: Mapping[str, str], start: Mapping[str, Any], end: Mapping[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """A micro-batch's rows read where this is called (the fused runtime's driver): the slices
+    from `start` to `end` (offsets as Spark logs them) by the reader Spark's tasks run, built
+    afresh for the batch as a task's would be, so the rows, ids and errors are the same."""
+    reader = LogFileStreamReader(LogFileOptions.from_options(options))
+    for part in reader.partitions(dict(start), dict(end)):
+        yield from reader.read(part)
+
+
 def first_line_timestamp(parser: Parser, fh: BinaryIO) -> int | None:
     """Event time of the file's first complete line, if it has one: a creation estimate."""
     fh.seek(0)

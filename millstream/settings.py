@@ -76,8 +76,9 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     (
         "MILLSTREAM_DRIVER_READ",
         "on",
-        "on: the driver reads each batch's Kafka ranges itself (Spark's offset log says which) "
-        "with warm consumers; off: Spark tasks read them and the rows are collected as Arrow.",
+        "on: the driver reads each batch's Kafka ranges and log-file slices itself (Spark's "
+        "offset log says which), with the sources' own readers (Kafka's with warm consumers); "
+        "off: Spark tasks read them and the rows are collected as Arrow.",
     ),
     (
         "MILLSTREAM_QUERY_RESTARTS",
