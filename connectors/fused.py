@@ -269,6 +269,7 @@ class FusedRunner:
         self.sources: list[tuple[str, dict[str, str]]] = []  # read by the query, in order
         self.query: Any = None
         self.last_batch: dict[str, Any] = {}
+        self._last_logged: tuple[int, list[dict] | None] = (-1, None)
         self._pool = ThreadPoolExecutor(DELIVERY_THREADS, thread_name_prefix="millstream-deliver")
 
     # --- wiring ------------------------------------------------------------------------------
@@ -480,6 +481,7 @@ class FusedRunner:
         from the broker: in-flight records in every partition hold the consumers' watermarks)."""
         self.read_partitions()
         self._mark_catch_up()
+        self._last_logged = (-1, None)  # a new query: its offset log is read afresh
         suffix = "" if self.segment == MAIN else f".{self.segment}"
         self.query = (
             self.input_frame(spark)
@@ -608,6 +610,8 @@ class FusedRunner:
             stage = self.stages[name]
             input_wm = self._input_watermark(stage, injected, published)
             end_wm = self._end_watermark(stage, at_end)
+            # Published before the tasks run: a firing seen committed is never ahead of it.
+            self.authority.publish(f"{name}#input", end_wm or input_wm)
             plan = self._plan(stage, batch_id, input_wm, now, end_wm)
             inputs = self._route(stage, by_stream, handed)
             busy = self._busy_shards(stage, inputs, (end_wm or input_wm).event, now)
@@ -658,6 +662,21 @@ class FusedRunner:
             by_stream.setdefault(row[0], []).append(row)
         return by_stream, len(rows)
 
+    def _logged(self, batch_id: int) -> list[dict] | None:
+        """Entry `batch_id` of the query's offset log, None when it cannot be read here (a
+        checkpoint not on the local file system). The batch's own entry is read once: the
+        driver read and the end estimates both need it."""
+        if self._last_logged[0] == batch_id:
+            return self._last_logged[1]
+        path = Path(self.checkpoint.removeprefix("file:")) / "offsets" / str(batch_id)
+        try:
+            entry: list[dict] | None = _offset_log(path)
+        except (OSError, ValueError) as exc:
+            log.debug("batch %s: offset log not readable here (%s)", batch_id, exc)
+            entry = None
+        self._last_logged = (batch_id, entry)
+        return entry
+
     def _logged_offsets(self, batch_id: int) -> list[tuple[dict, dict]] | None:
         """Each source's (start, end) offsets of this batch from the query's offset log, when
         every source is a Kafka or log-file injector and the log can be read here; else None."""
@@ -665,13 +684,10 @@ class FusedRunner:
             return None
         if any(fmt not in DRIVER_READERS for fmt, _ in self.sources):
             return None
-        folder = Path(self.checkpoint.removeprefix("file:")) / "offsets"
-        try:
-            ends = _offset_log(folder / str(batch_id))
-            starts = _offset_log(folder / str(batch_id - 1))
-        except (OSError, ValueError) as exc:
-            log.debug("batch %s: offset log not readable here (%s); Spark reads", batch_id, exc)
-            return None
+        ends = self._logged(batch_id)
+        starts = self._logged(batch_id - 1)
+        if ends is None or starts is None:
+            return None  # Spark reads
         if len(ends) != len(self.sources) or len(starts) != len(self.sources):
             return None
         for (fmt, options), end in zip(self.sources, ends, strict=True):
@@ -759,11 +775,15 @@ class FusedRunner:
             estimate = self.authority.injector_watermark(
                 stream, [self._instance(s.name) for s in sources]
             )
-            bound = self.topology.out_of_order_ms.get(stream, 0)
-            if estimate.event > NONE_KNOWN.event:
-                estimate = Watermark(estimate.event - bound, estimate.system)
-            out[stream] = estimate
+            out[stream] = self._less_bound(stream, estimate)
         return out
+
+    def _less_bound(self, stream: str, estimate: Watermark) -> Watermark:
+        """An injector estimate less its stream's out-of-order bound (`max_out_of_order_ms`)."""
+        bound = self.topology.out_of_order_ms.get(stream, 0)
+        if estimate.event > NONE_KNOWN.event:
+            return Watermark(estimate.event - bound, estimate.system)
+        return estimate
 
     def _input_watermark(
         self, stage: Stage, injected: dict[str, Watermark], published: dict[str, Watermark]
@@ -773,9 +793,9 @@ class FusedRunner:
         stream another query produces, also its records delivered to the topic and not yet
         read here (in flight).
 
-        Published monotonically as `<computation>#input`; returned as computed now, since it
-        judges which of the batch's records are late: a re-run of a batch whose first attempt
-        published its end watermark there must not find its own records late."""
+        The caller publishes it (monotonically, as `<computation>#input`); the batch judges
+        lateness on the value computed now: a re-run of a batch whose first attempt published
+        its end watermark there must not find its own records late."""
         parts: list[Watermark] = []
         for stream in stage.spec.inputs:
             if stream in self.topology.sources:
@@ -790,9 +810,7 @@ class FusedRunner:
                 parts.append(self.authority.in_flight(stream, partitions, consumed))
                 if not self._caught_up(stage, stream, consumed):
                     parts.append(NONE_KNOWN)
-        value = merge_min(parts)
-        self.authority.publish(f"{stage.name}#input", value)
-        return value
+        return merge_min(parts)
 
     def _end_estimates(
         self, batch_id: int, injected: dict[str, Watermark]
@@ -801,14 +819,8 @@ class FusedRunner:
         estimates the injectors stored with the batch's end offsets in Spark's offset log (what
         their commit publishes later), less the out-of-order bound. None when the log cannot
         be read here (a checkpoint not on the local file system)."""
-        try:
-            entry = _offset_log(
-                Path(self.checkpoint.removeprefix("file:")) / "offsets" / str(batch_id)
-            )
-        except (OSError, ValueError) as exc:
-            log.debug("batch %s: offset log not readable here (%s)", batch_id, exc)
-            return None
-        if len(entry) != len(self.sources):
+        entry = self._logged(batch_id)
+        if entry is None or len(entry) != len(self.sources):
             return None
         ends: dict[str, Watermark] = {}
         for (_fmt, options), offset in zip(self.sources, entry, strict=True):
@@ -823,10 +835,7 @@ class FusedRunner:
             ends[stream] = estimate if stream not in ends else ends[stream].min(estimate)
         out = dict(injected)
         for stream, estimate in ends.items():
-            bound = self.topology.out_of_order_ms.get(stream, 0)
-            if estimate.event > NONE_KNOWN.event:
-                estimate = Watermark(estimate.event - bound, estimate.system)
-            out[stream] = estimate.max(injected.get(stream, NONE_KNOWN))
+            out[stream] = self._less_bound(stream, estimate).max(injected.get(stream, NONE_KNOWN))
         return out
 
     def _end_watermark(self, stage: Stage, at_end: dict[str, Watermark] | None) -> Watermark | None:
@@ -834,11 +843,7 @@ class FusedRunner:
         applied the batch's records (it read them up to the end offsets); None otherwise."""
         if at_end is None or any(s not in self.topology.sources for s in stage.spec.inputs):
             return None
-        value = merge_min([at_end.get(s, NONE_KNOWN) for s in stage.spec.inputs])
-        # Published before the tasks run, as the input watermark always was: a firing seen
-        # committed is never ahead of the published input watermark.
-        self.authority.publish(f"{stage.name}#input", value)
-        return value
+        return merge_min([at_end.get(s, NONE_KNOWN) for s in stage.spec.inputs])
 
     def _republish(self, at_end: dict[str, Watermark]) -> None:
         """After the acknowledgements, each computation's low watermark again, in topological
@@ -849,6 +854,7 @@ class FusedRunner:
         for name in self.order:
             stage = self.stages[name]
             input_wm = self._input_watermark(stage, at_end, published)
+            self.authority.publish(f"{name}#input", input_wm)
             oldest = oldest_work(self.client, stage.keys(self.topology.app))
             published[name] = self.authority.publish(name, merge_min([input_wm, *oldest]))
 
