@@ -278,14 +278,7 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, settings: LogFileOptions) -> None:
         self.settings = settings
-        parser, parser_name = settings.line_parser()
-        self._slices = SliceReader(
-            stream=settings.stream,
-            directory=settings.path,
-            parser=parser,
-            parser_name=parser_name,
-            system_timestamps=settings.missing_timestamp == "system" or settings.format == "text",
-        )
+        self._slices = slice_reader(settings)
         self._planner = Planner(
             directory=settings.path,
             pattern=settings.pattern,
@@ -295,7 +288,7 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 tick_ms=settings.tick_ms,
                 tail_clock=settings.tail_watermark == "clock",
             ),
-            first_timestamp=partial(first_line_timestamp, parser),
+            first_timestamp=partial(first_line_timestamp, self._slices.parser),
         )
         # AvailableNow: the files and sizes present when the trigger started, and that moment.
         self._snapshot: tuple[dict[tuple[int, int], int], int] | None = None
@@ -364,11 +357,27 @@ def read_batch(
     options: Mapping[str, str], start: Mapping[str, Any], end: Mapping[str, Any]
 ) -> Iterator[pa.RecordBatch]:
     """A micro-batch's rows read where this is called (the fused runtime's driver): the slices
-    from `start` to `end` (offsets as Spark logs them) by the reader Spark's tasks run, built
-    afresh for the batch as a task's would be, so the rows, ids and errors are the same."""
-    reader = LogFileStreamReader(LogFileOptions.from_options(options))
-    for part in reader.partitions(dict(start), dict(end)):
+    from `start` to `end` (offsets as Spark logs them), cut as `partitions` cuts them and read
+    by the reader Spark's tasks run, built afresh as a task's is: the same rows, ids and
+    errors."""
+    settings = LogFileOptions.from_options(options)
+    reader = slice_reader(settings)
+    parts = slices(Position.from_offset(dict(start)), Position.from_offset(dict(end)),
+                   settings.bytes_per_partition)  # fmt: skip
+    for part in parts:
         yield from reader.read(part)
+
+
+def slice_reader(settings: LogFileOptions) -> SliceReader:
+    """The reader of a batch's slices, as Spark's tasks and the driver read run it."""
+    parser, parser_name = settings.line_parser()
+    return SliceReader(
+        stream=settings.stream,
+        directory=settings.path,
+        parser=parser,
+        parser_name=parser_name,
+        system_timestamps=settings.missing_timestamp == "system" or settings.format == "text",
+    )
 
 
 def first_line_timestamp(parser: Parser, fh: BinaryIO) -> int | None:
