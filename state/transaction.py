@@ -15,6 +15,7 @@ from millstream.state import _codec
 from millstream.state.catalog import pack_ids
 from millstream.state.catalog import queue_writes as queue_catalog_writes
 from millstream.state.client import RedisClient, RedisPipeline
+from millstream.state.keys import ShardKeys
 from millstream.state.lease import Lease, guarded
 from millstream.state.timers import timer_member
 from millstream.state.wire import encode_production
@@ -211,17 +212,7 @@ class ShardTransaction:
             pipe.hset(keys.state, mapping=sets)
         if deletes:
             pipe.hdel(keys.state, *deletes)
-        for (key, tag), spec in fx.timers.items():
-            member = timer_member(key, tag)
-            for domain in TimeDomain:
-                if spec is None or spec[0] is not domain:
-                    pipe.zrem(keys.timers(domain.value), member)
-            if spec is not None:
-                pipe.zadd(keys.timers(spec[0].value), {member: spec[1]})
-            if spec is not None and spec[2] is not None:
-                pipe.zadd(keys.timer_holds, {member: spec[2]})
-            else:  # deleted, fired, or moved without a hold: the hold is released
-                pipe.zrem(keys.timer_holds, member)
+        _queue_timers(pipe, keys, fx.timers)
         queue_catalog_writes(pipe, keys, fx.ids, fx.drop_buckets)
         if fx.productions:
             checkpoints: dict[FieldT, EncodableT] = {
@@ -250,3 +241,45 @@ class ShardTransaction:
         pipe.set(keys.version, version)
         if self._batch_id is not None:
             pipe.set(keys.last_batch, self._batch_id)
+
+
+def _queue_timers(
+    pipe: RedisPipeline,
+    keys: ShardKeys,
+    ops: dict[tuple[str, str], tuple[TimeDomain, int, int | None] | None],
+) -> None:
+    """Timer sets and deletes as one ZADD and one ZREM per sorted set, whatever their number.
+
+    A timer lives in the set of its domain only: set, it is removed from the other domain's
+    set; deleted (or fired), from both. Its hold is set with it, or released. No member is both
+    added to and removed from the same set, so grouping the commands keeps their meaning; one
+    command per timer made a batch's commit thousands of commands long.
+    """
+    if not ops:
+        return
+    added: dict[TimeDomain, dict[str, int]] = {d: {} for d in TimeDomain}
+    removed: dict[TimeDomain, list[str]] = {d: [] for d in TimeDomain}
+    holds: dict[str, int] = {}
+    released: list[str] = []
+    for (key, tag), spec in ops.items():
+        member = timer_member(key, tag)
+        for domain in TimeDomain:
+            if spec is None or spec[0] is not domain:
+                removed[domain].append(member)
+        if spec is None:
+            released.append(member)
+            continue
+        added[spec[0]][member] = spec[1]
+        if spec[2] is None:
+            released.append(member)  # moved without a hold: the hold is released
+        else:
+            holds[member] = spec[2]
+    for domain in TimeDomain:
+        if removed[domain]:
+            pipe.zrem(keys.timers(domain.value), *removed[domain])
+        if added[domain]:
+            pipe.zadd(keys.timers(domain.value), added[domain])
+    if released:
+        pipe.zrem(keys.timer_holds, *released)
+    if holds:
+        pipe.zadd(keys.timer_holds, holds)
