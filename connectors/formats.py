@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from millstream.connectors import _json
+
 __all__ = [
     "AvroFormat",
     "FieldExtractor",
@@ -56,13 +58,14 @@ class ValueFormat(ABC):
 
 @dataclass(frozen=True)
 class JsonFormat(ValueFormat):
-    """UTF-8 JSON. Encodes compact, keys sorted (as plain `ctx.produce` encodes a dict)."""
+    """UTF-8 JSON. Encodes compact, keys sorted, non-ASCII characters as UTF-8 (as plain
+    `ctx.produce` encodes a dict)."""
 
     def decode(self, value: bytes) -> Any:
-        return json.loads(value)
+        return _json.loads(value)
 
     def encode(self, data: Any) -> bytes:
-        return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+        return _json.dumps(data)
 
     def describe(self) -> str:
         return "json"

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 from typing import Any, Protocol
+
+from millstream.connectors import _json
 
 
 class Serde(Protocol):
@@ -20,10 +21,10 @@ class JsonSerde:
     name = "json"
 
     def dumps(self, value: Any) -> bytes:
-        return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+        return _json.dumps(value)
 
     def loads(self, data: bytes) -> Any:
-        return json.loads(data)
+        return _json.loads(data)
 
 
 class BytesSerde:
@@ -66,4 +67,4 @@ def encode_value(value: bytes | str | Any) -> bytes:
         return value
     if isinstance(value, str):
         return value.encode()
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    return _json.dumps(value)
