@@ -294,9 +294,9 @@ def _run_once(
     """DESIGN.md section 2 for one shard, one step a function."""
     result = ShardResult(shard=store.keys.shard)
     pending = acquire(store)
-    _note_positions(result, items)
+    _note_positions(result, items, plan.internal_inputs)
     fresh = dedup(plan, spec, store, items)
-    keys_needed = [r.key for i, r in fresh if i.error is None]
+    keys_needed = [r.key for i, r, _ in fresh if i.error is None]
     start = plan.input_watermark.event
     end = start if plan.end_watermark is None else max(start, plan.end_watermark.event)
     states, due = store.load(keys_needed, end, plan.now)
@@ -326,27 +326,36 @@ def acquire(store: ShardStore) -> list[Production]:
     return store.pending_productions()
 
 
-def _note_positions(result: ShardResult, items: list[TaskInput]) -> None:
-    """The next offset per input partition read past (consumed offsets of topic inputs)."""
+def _note_positions(result: ShardResult, items: list[TaskInput], internal: frozenset[str]) -> None:
+    """The next offset per input partition read past (consumed offsets of topic inputs: only
+    internal streams can be read from a topic another query writes)."""
     for item in items:
         row = item.row
+        if row[STREAM] not in internal:
+            continue
         by_partition = result.consumed.setdefault(row[STREAM], {})
         by_partition[row[PARTITION]] = max(by_partition.get(row[PARTITION], 0), row[OFFSET] + 1)
 
 
 def dedup(
     plan: BatchPlan, spec: ComputationSpec, store: ShardStore, items: list[TaskInput]
-) -> list[tuple[TaskInput, Record]]:
-    """2. The records not applied before (Bloom filter, then the catalog): the fresh ones."""
+) -> list[tuple[TaskInput, Record, bytes]]:
+    """2. The records not applied before (Bloom filter, then the catalog): the fresh ones, each
+    with the position it was delivered from (what the catalog remembers of it)."""
     records = [to_record(i, plan.internal_inputs) for i in items]
+    positions = [_position(i.row) for i in items]
     if spec.options.exactly_once and records:
         verdicts = store.dedup(
-            [(r.id, r.system_time, _position(i.row)) for i, r in zip(items, records, strict=True)],
+            [(r.id, r.system_time, p) for r, p in zip(records, positions, strict=True)],
             plan.gc_watermark,
         )
     else:
         verdicts = [Verdict.NEW] * len(records)
-    return [(i, r) for i, r, v in zip(items, records, verdicts, strict=True) if v is Verdict.NEW]
+    return [
+        (i, r, p)
+        for i, r, p, v in zip(items, records, positions, verdicts, strict=True)
+        if v is Verdict.NEW
+    ]
 
 
 def _after_records(timer: Timer, input_watermark: int) -> bool:
@@ -419,12 +428,12 @@ def run_records(
     spec: ComputationSpec,
     runner: _KeyRunner,
     txn: Any,
-    fresh: list[tuple[TaskInput, Record]],
+    fresh: list[tuple[TaskInput, Record, bytes]],
 ) -> None:
     """4. User code per fresh record; bad input and user errors become dead letters, late
     records are counted (then dropped or flagged)."""
     wm = plan.input_watermark.event
-    for item, record in fresh:
+    for item, record, _ in fresh:
         error = item.error if item.error is not None else _rejected(plan, item.row)
         if error is not None:
             txn.checkpoint(dead_letter(plan, spec, record.key, error, item.row))
@@ -473,12 +482,13 @@ def commit(
     store: ShardStore,
     txn: Any,
     runner: _KeyRunner,
-    fresh: list[tuple[TaskInput, Record]],
+    fresh: list[tuple[TaskInput, Record, bytes]],
     gc_watermark: int,
 ) -> None:
     """5. One guarded commit: state, timers, record ids, checkpoints and counters, or nothing
     (FencedError when a newer owner holds the lease)."""
-    txn.add_ids([(store.bucket_of(r.system_time), r.id, _position(i.row)) for i, r in fresh])
+    bucket_of = store.bucket_of
+    txn.add_ids([(bucket_of(r.system_time), r.id, position) for _, r, position in fresh])
     drop = store.gc_buckets(gc_watermark)
     if drop:
         txn.drop_buckets(drop)

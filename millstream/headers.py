@@ -102,8 +102,12 @@ def visible_headers(raw: Iterable[Any] | None) -> tuple[tuple[str, bytes], ...]:
     the `ms-` ones; a null Kafka header value reads as b""."""
     if not raw:
         return ()
-    return tuple(
-        (str(item[0]), b"" if item[1] is None else bytes(item[1]))
-        for item in raw
-        if not str(item[0]).startswith(RESERVED_PREFIX)
-    )
+    out = []
+    for name, value in raw:
+        name = name if type(name) is str else str(name)
+        if name.startswith(RESERVED_PREFIX):
+            continue
+        out.append(
+            (name, value if type(value) is bytes else b"" if value is None else bytes(value))
+        )
+    return tuple(out)
