@@ -81,9 +81,18 @@ COLUMNS = (
     "headers", "error",
 )  # fmt: skip
 DELIVERY_THREADS = 8
+
+
+def _logfile_rows(
+    options: dict[str, str], start: dict[str, Any], end: dict[str, Any]
+) -> Iterator[list[tuple]]:
+    for batch in logfile.read_batch(options, start, end):
+        yield _rows(batch)
+
+
 # The sources the driver reads itself (MILLSTREAM_DRIVER_READ), by format: the same reader
-# code their Spark tasks run.
-DRIVER_READERS = {"millstream-kafka": kafka.read_batch, "millstream-logfile": logfile.read_batch}
+# code their Spark tasks run, giving row tuples (Kafka's without going through Arrow).
+DRIVER_READERS = {"millstream-kafka": kafka.read_batch, "millstream-logfile": _logfile_rows}
 OOM_RETRY_SECONDS = 600  # how long a batch waits for Redis to accept writes again
 
 
@@ -613,9 +622,13 @@ class FusedRunner:
             # Published before the tasks run: a firing seen committed is never ahead of it.
             self.authority.publish(f"{name}#input", end_wm or input_wm)
             plan = self._plan(stage, batch_id, input_wm, now, end_wm)
+            route_started = time.perf_counter()
             inputs = self._route(stage, by_stream, handed)
+            routed = time.perf_counter()
             busy = self._busy_shards(stage, inputs, (end_wm or input_wm).event, now)
             results = self._run_shards(batch_df.sparkSession, plan, stage, inputs, busy)
+            phases[f"{name}:route"] = round(routed - route_started, 4)
+            phases[f"{name}:shards"] = round(time.perf_counter() - routed, 4)
             self._record_consumed(stage, results)
             oldest = oldest_work(self.client, stage.keys(self.topology.app))
             published[name] = self.authority.publish(name, merge_min([end_wm or input_wm, *oldest]))
@@ -654,8 +667,8 @@ class FusedRunner:
             rows = [
                 row
                 for (fmt, options), (start, end) in zip(self.sources, logged, strict=True)
-                for batch in DRIVER_READERS[fmt](options, start, end)
-                for row in _rows(batch)
+                for chunk in DRIVER_READERS[fmt](options, start, end)
+                for row in chunk
             ]
         by_stream: dict[str, list[tuple]] = {}
         for row in rows:

@@ -188,6 +188,39 @@ def _to_batch(cols: _Columns, stream: str, topic: str, partition: int) -> pa.Rec
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
+def _to_rows(cols: _Columns, stream: str, topic: str, partition: int) -> list[tuple]:
+    """The rows `_to_batch` would hold, as tuples (headers as lists of (name, value) pairs)."""
+    n = len(cols)
+    if cols.ids is None:
+        prefix = id_prefix(topic, partition)
+        ids = [prefix + offset.to_bytes(8, "big", signed=True) for offset in cols.offsets]
+    else:
+        ids = cols.ids
+    ends = cols.header_ends
+    if ends[-1]:
+        pairs = list(zip(cols.header_keys, cols.header_values, strict=True))
+        headers = [pairs[ends[i] : ends[i + 1]] for i in range(n)]
+    else:
+        headers = [[] for _ in range(n)]
+    errors = cols.errors if cols.errors is not None else [None] * n
+    return list(
+        zip(
+            [stream] * n,
+            ids,
+            cols.keys,
+            cols.values,
+            cols.event,
+            cols.system,
+            [topic] * n,
+            [partition] * n,
+            cols.offsets,
+            headers,
+            errors,
+            strict=True,
+        )
+    )
+
+
 class _RowBuilder:
     """Turns librdkafka messages into column values; user extractors run here, per record."""
 
@@ -372,6 +405,20 @@ def _escalate(
 
 def read_range(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of [part.start, part.end) as Arrow batches of INJECTED_SCHEMA."""
+    for cols in _read_columns(options, part):
+        yield _to_batch(cols, options.stream, part.topic, part.partition)
+
+
+def read_range_rows(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[list[tuple]]:
+    """The records of [part.start, part.end) as the row tuples the fused runtime's driver
+    routes: what `read_range`'s batches hold, in INJECTED_SCHEMA's column order, without the
+    trip through Arrow (the driver would turn the batches straight back into Python)."""
+    for cols in _read_columns(options, part):
+        yield _to_rows(cols, options.stream, part.topic, part.partition)
+
+
+def _read_columns(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[_Columns]:
+    """The records of [part.start, part.end) in chunks of at most ROWS_PER_BATCH rows."""
     if part.end <= part.start:
         return
     key, consumer = _consumer(options)
@@ -425,7 +472,7 @@ def read_range(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[pa.R
             if builder.add(cols, records, part.end):
                 done = True
             if len(cols) >= ROWS_PER_BATCH or (done and len(cols)):
-                yield _to_batch(cols, options.stream, part.topic, part.partition)
+                yield cols
                 cols = _Columns()
         failed = False
     finally:

@@ -40,7 +40,7 @@ from millstream.injectors._kafka_options import (
     options_from_settings,
 )
 from millstream.injectors._kafka_plan import OffsetPlanner
-from millstream.injectors._kafka_read import KafkaRange, read_range
+from millstream.injectors._kafka_read import KafkaRange, read_range, read_range_rows
 from millstream.injectors.schema import INJECTED_SCHEMA
 from millstream.state.client import connect
 from millstream.state.watermarks import Watermark, WatermarkAuthority
@@ -64,13 +64,14 @@ def batch_ranges(start: Mapping[str, Any], end: Mapping[str, Any]) -> list[Kafka
 
 def read_batch(
     options: Mapping[str, str], start: Mapping[str, Any], end: Mapping[str, Any]
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[list[tuple]]:
     """A micro-batch's records read where this is called (the fused runtime's driver), with
-    the same rows, ids and errors as the source's Spark tasks would produce: `read_range` on
-    each of `batch_ranges`. The process keeps its consumers warm between batches."""
+    the same rows, ids and errors as the source's Spark tasks would produce (`read_range` on
+    each of `batch_ranges`), as row tuples in INJECTED_SCHEMA's column order. The process
+    keeps its consumers warm between batches."""
     parsed = KafkaInjectorOptions.parse(options)
     for part in batch_ranges(start, end):
-        yield from read_range(parsed, part)
+        yield from read_range_rows(parsed, part)
 
 
 class KafkaInjector(DataSource):

@@ -525,3 +525,41 @@ def test_unknown_topic_fails_with_its_name(runner: Runner, kafka_bootstrap: str)
     missing = f"millstream-missing-{uuid.uuid4().hex[:8]}"
     with pytest.raises(AssertionError, match=f"{missing}.*does not exist"):
         runner.available_now({"bootstrap.servers": kafka_bootstrap, "topics": missing}, timeout=60)
+
+
+@pytest.mark.parametrize("id_header", [None, "msid"])
+def test_driver_rows_are_the_rows_spark_reads(
+    kafka_bootstrap: str, new_topic: Callable[..., str], id_header: str | None
+) -> None:
+    """The fused runtime's driver reads ranges as row tuples (`read_range_rows`), Spark's tasks
+    as Arrow (`read_range`): the same rows, ids, headers and error rows, in the same order.
+    Covers derived and header ids, a missing id header, headers with duplicates and nulls,
+    records without headers, and a missing timestamp (an error row)."""
+    from millstream.connectors.fused import _rows
+    from millstream.injectors._kafka_options import KafkaInjectorOptions
+    from millstream.injectors._kafka_read import read_range, read_range_rows
+
+    topic = new_topic(partitions=1)
+    records = simple_records(30, base_ts=1_700_000_000_000, partitions=1)
+    records[3] = (0, None, None, -1, [("msid", b"id-3")])  # no key, value or timestamp
+    records[5] = (0, b"k5", b"v", 1_700_000_000_005, [("msid", b"old"), ("msid", b"id-5")])
+    placed = produce(kafka_bootstrap, topic, records)
+    options = {"bootstrap.servers": kafka_bootstrap, "topics": topic, "stream": "s"}
+    if id_header:
+        options["idHeader"] = id_header
+    parsed = KafkaInjectorOptions.parse(options)
+    part = KafkaRange(topic, 0, placed[0][1], placed[-1][1] + 1)
+    arrow_rows = [row for batch in read_range(parsed, part) for row in _rows(batch)]
+    driver_rows = [row for chunk in read_range_rows(parsed, part) for row in chunk]
+    assert len(arrow_rows) == len(records)
+
+    def clockless(row: tuple) -> tuple:  # a row without a timestamp gets the read's clock
+        return (*row[:5], None, *row[6:]) if row[4] is None else row
+
+    assert [clockless(r) for r in driver_rows] == [clockless(r) for r in arrow_rows]
+    assert driver_rows[3][5] >= arrow_rows[3][5] > 0
+    errors = [row[-1] for row in driver_rows]
+    assert errors[3] is not None and "timestamp" in errors[3]
+    if id_header:
+        assert driver_rows[5][1] == b"id-5"
+        assert "no 'msid' header" in (errors[1] or "")
