@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import mmh3
+
 from millstream.state.shard import ShardConfig
 from millstream.state.watermarks import UNKNOWN, Watermark
 
@@ -67,6 +69,4 @@ class TaskInput:
 
 def shard_of(key: str, shards: int) -> int:
     """Stable across processes (Python's hash() is salted per process)."""
-    import mmh3
-
     return mmh3.hash(key.encode("utf-8", "surrogatepass"), 0x4D5) % shards

@@ -26,7 +26,7 @@ def route(
     it instead of decoding again. A value that does not decode is an error row.
     """
     for row in rows:
-        values = tuple(row)
+        values = row if type(row) is tuple else tuple(row)
         if values[ERROR] is not None:
             yield shard_of(values[ID].hex(), shards), TaskInput(None, values, values[ERROR])
             continue
