@@ -348,26 +348,23 @@ class _RowBuilder:
     ) -> None:
         if cols.ids is None:
             cols.ids = []
-        fallback = id_prefix(message.topic(), message.partition()) + message.offset().to_bytes(
-            8, "big"
-        )
         if self._id_header is not None:
             found = [data for name, data in headers if name == self._id_header]
+            if found and found[-1] is not None:
+                cols.ids.append(found[-1])  # like Kafka's lastHeader()
+                return
             if not found:
                 _error(cols, row, f"record has no {self._id_header!r} header (idHeader)")
-                cols.ids.append(fallback)
-            elif found[-1] is None:
-                _error(cols, row, f"header {self._id_header!r} (idHeader) is null")
-                cols.ids.append(fallback)
             else:
-                cols.ids.append(found[-1])  # like Kafka's lastHeader()
+                _error(cols, row, f"header {self._id_header!r} (idHeader) is null")
+            cols.ids.append(_derived_id(message))
             return
         if self._id_extractor is not None:
             try:
                 result = self._id_extractor(key, value, headers)
             except Exception as exc:
                 _error(cols, row, f"idExtractor {self._id_path} raised {exc!r}")
-                cols.ids.append(fallback)
+                cols.ids.append(_derived_id(message))
                 return
             if isinstance(result, bytearray | memoryview):
                 result = bytes(result)
@@ -378,11 +375,16 @@ class _RowBuilder:
                     f"idExtractor {self._id_path} returned {type(result).__name__} "
                     f"{result!r:.40}; expected non-empty bytes",
                 )
-                cols.ids.append(fallback)
+                cols.ids.append(_derived_id(message))
                 return
             cols.ids.append(result)
             return
-        cols.ids.append(fallback)
+        cols.ids.append(_derived_id(message))
+
+
+def _derived_id(message: Any) -> bytes:
+    """The id of a record without one of its own: its partition's prefix and its offset."""
+    return id_prefix(message.topic(), message.partition()) + message.offset().to_bytes(8, "big")
 
 
 def _escalate(
