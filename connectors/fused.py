@@ -26,6 +26,7 @@ a replay). A stream consumed only inside the application never touches Kafka.
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import logging
 import pickle
@@ -48,7 +49,7 @@ from millstream.connectors.backpressure import (
     targets_of,
 )
 from millstream.connectors.delivery import Target, deliver_all
-from millstream.connectors.formats import AvroFormat, JsonFormat
+from millstream.connectors.formats import AvroFormat
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.routing import route
 from millstream.connectors.segments import MAIN, SegmentLayout
@@ -161,24 +162,28 @@ class _Done:
     result: ShardResult
 
 
-# Formats that decode into builtins and standard-library types only: what they decoded can
-# travel to a task pickled by the standard library. A user's ValueFormat may return instances
-# of classes only its driver script defines, which only cloudpickle carries.
-_PORTABLE_FORMATS = (JsonFormat, AvroFormat)
+# Formats whose decoded data travels to a task with its row: they decode into builtins and
+# standard-library types only (pickled by the standard library), and decoding again would cost
+# more than carrying it. JSON is decoded again in the task (msgspec: about 0.3 us a value,
+# less than pickling and unpickling the decoded object). A user's ValueFormat may return
+# instances of classes only its driver script defines, which only cloudpickle carries: its
+# values are decoded again in the task too.
+_CARRIED_FORMATS = (AvroFormat,)
 
 
 def _task_payload(spec: ComputationSpec, group: list[tuple[int, list[TaskInput]]]) -> bytes:
     """One Spark task's shards and their rows, pickled here by the standard library as plain
     tuples: `parallelize` would cloudpickle them, 0.29 s for 20,000 rows on this machine
-    against 0.035 s. A value a user format decoded is left out; the task decodes it again."""
-    portable = {s for s, f in spec.formats.items() if type(f) in _PORTABLE_FORMATS}
+    against 0.035 s. Decoded values travel only for the formats above; the task decodes the
+    others again (`shard_task.decode_inputs`)."""
+    carried = {s for s, f in spec.formats.items() if type(f) in _CARRIED_FORMATS}
     return pickle.dumps(
         [
             (
                 shard,
                 [
                     (i.key, i.row, i.error, i.data, i.decoded)
-                    if not i.decoded or i.row[STREAM] in portable
+                    if not i.decoded or i.row[STREAM] in carried
                     else (i.key, i.row, i.error, None, False)
                     for i in items
                 ],
@@ -187,6 +192,20 @@ def _task_payload(spec: ComputationSpec, group: list[tuple[int, list[TaskInput]]
         ],
         protocol=pickle.HIGHEST_PROTOCOL,
     )
+
+
+def balanced_groups(shards: Sequence[int], rows: dict[int, int], groups: int) -> list[list[int]]:
+    """`shards` in `groups` groups of about equal rows (largest first, each to the lightest
+    group so far): keys are skewed (a Zipf workload's busiest shard can hold a third of a
+    batch), and the job lasts as long as its heaviest task. Each group is in shard order."""
+    heap: list[tuple[int, int, int, list[int]]] = [
+        (0, 0, i, []) for i in range(max(1, min(groups, len(shards))))
+    ]  # (rows, shards, index, members): ties go to the group with fewer shards
+    for shard in sorted(shards, key=lambda s: (-rows.get(s, 0), s)):
+        load, count, index, members = heapq.heappop(heap)
+        members.append(shard)
+        heapq.heappush(heap, (load + rows.get(shard, 0), count + 1, index, members))
+    return [sorted(g[3]) for g in sorted(heap, key=lambda g: g[2])]
 
 
 def _fused_task(
@@ -945,7 +964,8 @@ class FusedRunner:
         inputs: dict[int, list[TaskInput]],
         busy: list[int],
     ) -> list[ShardResult]:
-        """One Spark job: the busy shards, grouped into at most as many tasks as cores.
+        """One Spark job: the busy shards, grouped into at most as many tasks as cores, of
+        about equal rows (`balanced_groups`).
 
         A small batch (MILLSTREAM_SMALL_BATCH_ROWS) runs its shards in this process instead:
         scheduling a Spark job costs about 0.2 s here, running a few shards a few ms. The
@@ -959,8 +979,8 @@ class FusedRunner:
         context = spark.sparkContext
         slots = max(1, min(len(busy), context.defaultParallelism))
         payloads = [
-            _task_payload(stage.spec, [(s, inputs.get(s, [])) for s in busy[i::slots]])
-            for i in range(slots)
+            _task_payload(stage.spec, [(s, inputs.get(s, [])) for s in group])
+            for group in balanced_groups(busy, {s: len(inputs.get(s, ())) for s in busy}, slots)
         ]
         context.setLocalProperty("spark.scheduler.pool", "millstream")
         job = context.parallelize(payloads, slots).mapPartitions(
