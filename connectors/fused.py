@@ -25,7 +25,9 @@ a replay). A stream consumed only inside the application never touches Kafka.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import heapq
 import json
 import logging
@@ -213,10 +215,31 @@ def _fused_task(
 ) -> Iterator[bytes]:
     """Executor side: run the shards of this task one after the other; each result goes back
     pickled by the standard library too (cloudpickle is several times slower)."""
-    for payload in payloads:
-        for shard, items in pickle.loads(payload):
-            result = run_shard(plan, spec, shard, [TaskInput(*item) for item in items])
-            yield pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    with _no_cyclic_gc():
+        results = [
+            pickle.dumps(
+                run_shard(plan, spec, shard, [TaskInput(*item) for item in items]),
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+            for payload in payloads
+            for shard, items in pickle.loads(payload)
+        ]
+    yield from results
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Batch work without the cyclic garbage collector: it allocates a row's worth of objects
+    per record, few of them in cycles, and every collection the allocations trigger would walk
+    the process's whole heap (Spark's and py4j's objects in the driver). What cycles the batch
+    leaves are collected once it is over. The previous state is restored."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _offset_log(path: Path) -> list[dict]:
@@ -530,7 +553,8 @@ class FusedRunner:
         delay = 1.0
         while True:
             try:
-                self._run_batch(batch_df, batch_id)
+                with _no_cyclic_gc():
+                    self._run_batch(batch_df, batch_id)
                 return
             except Exception as exc:
                 if not redis_out_of_memory(exc):
