@@ -49,7 +49,10 @@ _HEADERS = cast("Callable[[Any], list[tuple[str, bytes | None]] | None]", Messag
 _ERROR = cast("Callable[[Any], KafkaError | None]", Message.error)
 CONSUME_CHUNK = 10_000
 
-_CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
+# Idle consumers by configuration, kept warm between reads. A read checks one out for itself:
+# the driver reads a batch's partitions at once, and two queries of one process may read at
+# once, and a consumer's assignment belongs to one read.
+_IDLE: dict[tuple[tuple[str, str], ...], list[Consumer]] = {}
 # fetch.wait.max.ms of readers, escalated (for this process) when a fetch of records that exist
 # goes unanswered: a broker may drop fetches it cannot assemble in time (see _kafka_probe).
 READ_WAITS_MS = (10, 100, 500)
@@ -70,6 +73,8 @@ class KafkaRange(InputPartition):
 
 
 def _consumer(options: KafkaInjectorOptions) -> tuple[tuple[tuple[str, str], ...], Consumer]:
+    """A consumer for `options`, this read's alone until `_release`d: an idle one of this
+    process when there is one, else a new one."""
     config = options.client_config(
         **{
             # only waited for at a range ending in markers or gaps
@@ -83,36 +88,39 @@ def _consumer(options: KafkaInjectorOptions) -> tuple[tuple[tuple[str, str], ...
     )
     key = tuple(sorted((k, str(v)) for k, v in config.items()))
     with _LOCK:
-        consumer = _CONSUMERS.get(key)
-        if consumer is None:
-            try:
-                consumer = Consumer(config)
-            except KafkaException as exc:
-                raise ConfigurationError(
-                    f"cannot create a Kafka consumer from the kafka.* options: {exc}"
-                ) from None
-            _CONSUMERS[key] = consumer
-    return key, consumer
+        idle = _IDLE.get(key)
+        if idle:
+            return key, idle.pop()
+    try:
+        return key, Consumer(config)
+    except KafkaException as exc:
+        raise ConfigurationError(
+            f"cannot create a Kafka consumer from the kafka.* options: {exc}"
+        ) from None
 
 
-def _discard(key: tuple[tuple[str, str], ...]) -> None:
-    """Drop a consumer after a failure: the next task starts from a clean client."""
+def _release(key: tuple[tuple[str, str], ...], consumer: Consumer) -> None:
+    """A read is over: its consumer waits for the next one."""
     with _LOCK:
-        consumer = _CONSUMERS.pop(key, None)
-    if consumer is not None:
-        try:
-            consumer.close()
-        except (KafkaException, RuntimeError) as exc:
-            log.debug("closing a failed consumer: %s", exc)
+        _IDLE.setdefault(key, []).append(consumer)
+
+
+def _discard(consumer: Consumer) -> None:
+    """Close a consumer after a failure, not kept: the next read starts from a clean client."""
+    try:
+        consumer.close()
+    except (KafkaException, RuntimeError) as exc:
+        log.debug("closing a failed consumer: %s", exc)
 
 
 def close_consumers() -> None:
-    """Close this process's cached consumers (tests, or before deleting topics they read: a
+    """Close this process's idle consumers (tests, or before deleting topics they read: a
     consumer that fetched a topic being deleted can crash inside librdkafka)."""
     with _LOCK:
-        keys = list(_CONSUMERS)
-    for key in keys:
-        _discard(key)
+        idle = [consumer for consumers in _IDLE.values() for consumer in consumers]
+        _IDLE.clear()
+    for consumer in idle:
+        _discard(consumer)
 
 
 def _extractor(path: str, option: str) -> Extractor:
@@ -388,11 +396,11 @@ def _derived_id(message: Any) -> bytes:
 
 
 def _escalate(
-    options: KafkaInjectorOptions, key: tuple[tuple[str, str], ...], where: str
+    options: KafkaInjectorOptions, consumer: Consumer, where: str
 ) -> tuple[tuple[tuple[str, str], ...], Consumer]:
     """Replace the consumer by one with the next longer fetch wait (kept for this process)."""
     global _wait_level
-    _discard(key)
+    _discard(consumer)
     with _LOCK:
         _wait_level = min(_wait_level + 1, len(READ_WAITS_MS) - 1)
     log.warning(
@@ -444,7 +452,7 @@ def _read_columns(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[_
             if not messages:
                 quiet = time.monotonic() - last_progress
                 if quiet > ESCALATE_AFTER_S and _wait_level < len(READ_WAITS_MS) - 1:
-                    key, consumer = _escalate(options, key, where)
+                    key, consumer = _escalate(options, consumer, where)
                     consumer.assign([KafkaTP(part.topic, part.partition, position)])
                     last_progress = time.monotonic()
                     continue
@@ -481,6 +489,7 @@ def _read_columns(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[_
         if gc_was_enabled:
             gc.enable()
         if failed:
-            _discard(key)
+            _discard(consumer)
         else:
             consumer.unassign()
+            _release(key, consumer)

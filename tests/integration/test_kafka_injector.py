@@ -33,6 +33,14 @@ Headers = list[tuple[str, bytes | None]]
 Record = tuple[int, bytes | None, bytes | None, int, Any]  # partition, key, value, ts, headers
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_consumer_outlives_the_module() -> Iterator[None]:
+    """Driver reads here keep consumers warm in this process: close them while the broker
+    still runs (else librdkafka logs connection failures until the process ends)."""
+    yield
+    close_consumers()
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -563,3 +571,40 @@ def test_driver_rows_are_the_rows_spark_reads(
     if id_header:
         assert driver_rows[5][1] == b"id-5"
         assert "no 'msid' header" in (errors[1] or "")
+
+
+def test_driver_batch_read_reads_partitions_at_once_with_the_rows_spark_reads(
+    kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """`read_batch` (the fused runtime's driver read) reads a batch's partitions at once, each
+    with a consumer of its own: the rows are those Spark's tasks read, partition after
+    partition in the batch's order, and a second batch continues where the first ended."""
+    from millstream.connectors.fused import _rows
+    from millstream.injectors._kafka_options import KafkaInjectorOptions
+    from millstream.injectors._kafka_read import read_range
+    from millstream.injectors.kafka import batch_ranges, read_batch
+
+    topic = new_topic(partitions=3)
+    records = simple_records(60, base_ts=1_700_000_000_000, partitions=3)
+    placed = produce(kafka_bootstrap, topic, records)
+    ends = {p: max(o for q, o in placed if q == p) + 1 for p in range(3)}
+    options = {"bootstrap.servers": kafka_bootstrap, "topics": topic, "stream": "s"}
+    parsed = KafkaInjectorOptions.parse(options)
+
+    def offset(positions: dict[int, int]) -> dict[str, Any]:
+        return {"p": {f"{topic}:{p}": o for p, o in positions.items()}, "wm": [0, 0], "tick": 0}
+
+    middle = {p: e // 2 for p, e in ends.items()}
+    batches = [(offset({p: 0 for p in ends}), offset(middle)), (offset(middle), offset(ends))]
+    read = []
+    for start, end in batches:
+        driver = [row for chunk in read_batch(options, start, end) for row in chunk]
+        spark = [
+            row
+            for part in batch_ranges(start, end)
+            for batch in read_range(parsed, part)
+            for row in _rows(batch)
+        ]
+        assert driver == spark
+        read.extend(driver)
+    assert sorted((row[7], row[8]) for row in read) == sorted(placed)  # each record once
