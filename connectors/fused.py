@@ -16,7 +16,9 @@ channel (DESIGN.md section 2, "Direction"). Per micro-batch, on the driver:
    - *publish* its low watermark, and *hand over* its productions to its consumers;
 3. *deliver* productions bound outside the application (sinks, dead letters, published
    streams) and *acknowledge* every shard's checkpoints under the lease they were committed
-   with, once every consumer committed them and every external target took them.
+   with, once every consumer committed them and every external target took them. A shard
+   whose productions no computation here consumes is settled as soon as it committed, in a
+   thread, while the computations after it run; the batch ends when every settlement did.
 
 A crash anywhere re-runs the batch: producers find their checkpoints still pending and hand
 them over again, consumers drop what they already applied (same production id, same position:
@@ -34,7 +36,8 @@ import logging
 import pickle
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -646,7 +649,8 @@ class FusedRunner:
     def _run_batch(self, batch_df: Any, batch_id: int) -> None:
         """DESIGN.md section 2 as one pass: read; per computation in topological order its
         input watermark, route, run its busy shards (acquire, dedup, fire timers, run records,
-        commit: `shard_task.run_shard`), publish and hand over; then deliver and acknowledge."""
+        commit: `shard_task.run_shard`), publish and hand over; then deliver and acknowledge
+        (started at once for productions no computation here consumes)."""
         self._hold_while_backlogged(batch_id)
         started = time.perf_counter()
         by_stream, rows = self._read(batch_df, batch_id)
@@ -657,41 +661,76 @@ class FusedRunner:
         published: dict[str, Watermark] = {}
         handed: dict[str, list[tuple]] = {}
         done: list[_Done] = []
-        for name in self.order:
-            stage_started = time.perf_counter()
-            stage = self.stages[name]
-            input_wm = self._input_watermark(stage, injected, published)
-            end_wm = self._end_watermark(stage, at_end)
-            # Published before the tasks run: a firing seen committed is never ahead of it.
-            self.authority.publish(f"{name}#input", end_wm or input_wm)
-            plan = self._plan(stage, batch_id, input_wm, now, end_wm)
-            route_started = time.perf_counter()
-            inputs = self._route(stage, by_stream, handed)
-            routed = time.perf_counter()
-            busy = self._busy_shards(stage, inputs, (end_wm or input_wm).event, now)
-            results = self._run_shards(batch_df.sparkSession, plan, stage, inputs, busy)
-            phases[f"{name}:route"] = round(routed - route_started, 4)
-            phases[f"{name}:shards"] = round(time.perf_counter() - routed, 4)
-            self._record_consumed(stage, results)
-            oldest = oldest_work(self.client, stage.keys(self.topology.app))
-            published[name] = self.authority.publish(name, merge_min([end_wm or input_wm, *oldest]))
-            handing = self._hand_over(stage, plan, results, handed)
-            if handing:
-                # This computation committed, the ones after it have not run yet.
-                fault_point(f"fused_after_stage_{name}")
-            done.extend(handing)
-            stage.last_batch = self._stage_metrics(
-                stage, batch_id, input_wm, published[name], oldest, results, busy
-            )
-            phases[name] = round(time.perf_counter() - stage_started, 4)
+        settling: list[tuple[_Done, Future[dict[str, int]]]] = []
+        try:
+            for name in self.order:
+                stage = self.stages[name]
+                handing = self._run_stage(
+                    batch_df.sparkSession, batch_id, stage, now, (injected, at_end, published),
+                    (by_stream, handed), phases,
+                )  # fmt: skip
+                for item in handing:
+                    if any(p.stream in stage.consumers for p in item.result.outstanding):
+                        done.append(item)  # acknowledged once its consumers committed
+                    else:
+                        # Nothing here consumes them: delivered while the next computations run.
+                        settling.append((item, self._pool.submit(self._settle, item)))
+        except BaseException:
+            # No settlement goes on behind a failed batch (its re-run settles them again).
+            futures_wait([future for _, future in settling])
+            raise
         if done:
-            fault_point("fused_after_consumers_commit")  # consumers committed, nothing acked
+            # Consumers committed; nothing they consumed is acknowledged yet.
+            fault_point("fused_after_consumers_commit")
         delivery_started = time.perf_counter()
-        delivery = self._deliver_and_acknowledge(done)
-        if done and at_end is not None:
+        delivery = self._deliver_and_acknowledge(done, settling)
+        if (done or settling) and at_end is not None:
             self._republish(at_end)
         phases["deliver_ack"] = round(time.perf_counter() - delivery_started, 4)
         self._record(batch_id, delivery, time.perf_counter() - started, rows, phases)
+
+    def _run_stage(
+        self,
+        spark: Any,
+        batch_id: int,
+        stage: Stage,
+        now: int,
+        marks: tuple[dict[str, Watermark], dict[str, Watermark] | None, dict[str, Watermark]],
+        rows: tuple[dict[str, list[tuple]], dict[str, list[tuple]]],
+        phases: dict[str, float],
+    ) -> list[_Done]:
+        """One computation's part of the batch: input watermark, route, run its busy shards,
+        publish its low watermark, hand its productions over to its consumers (`rows[1]`).
+        `marks`: the injected estimates, those at the batch's end and what earlier
+        computations published in this batch (added to here)."""
+        started = time.perf_counter()
+        name = stage.name
+        injected, at_end, published = marks
+        by_stream, handed = rows
+        input_wm = self._input_watermark(stage, injected, published)
+        end_wm = self._end_watermark(stage, at_end)
+        # Published before the tasks run: a firing seen committed is never ahead of it.
+        self.authority.publish(f"{name}#input", end_wm or input_wm)
+        plan = self._plan(stage, batch_id, input_wm, now, end_wm)
+        route_started = time.perf_counter()
+        inputs = self._route(stage, by_stream, handed)
+        routed = time.perf_counter()
+        busy = self._busy_shards(stage, inputs, (end_wm or input_wm).event, now)
+        results = self._run_shards(spark, plan, stage, inputs, busy)
+        phases[f"{name}:route"] = round(routed - route_started, 4)
+        phases[f"{name}:shards"] = round(time.perf_counter() - routed, 4)
+        self._record_consumed(stage, results)
+        oldest = oldest_work(self.client, stage.keys(self.topology.app))
+        published[name] = self.authority.publish(name, merge_min([end_wm or input_wm, *oldest]))
+        handing = self._hand_over(stage, plan, results, handed)
+        if handing:
+            # This computation committed, the ones after it have not run yet.
+            fault_point(f"fused_after_stage_{name}")
+        stage.last_batch = self._stage_metrics(
+            stage, batch_id, input_wm, published[name], oldest, results, busy
+        )
+        phases[name] = round(time.perf_counter() - started, 4)
+        return handing
 
     def _read(self, batch_df: Any, batch_id: int) -> tuple[dict[str, list[tuple]], int]:
         """The batch's rows in the driver, grouped by stream.
@@ -1012,9 +1051,13 @@ class FusedRunner:
         )
         return [pickle.loads(result) for result in job.collect()]
 
-    def _deliver_and_acknowledge(self, done: list[_Done]) -> dict[str, dict[str, int]]:
-        """Deliver what leaves the application, then acknowledge each shard's checkpoints."""
-        futures = [(d, self._pool.submit(self._settle, d)) for d in done]
+    def _deliver_and_acknowledge(
+        self, done: list[_Done], settling: list[tuple[_Done, Future[dict[str, int]]]]
+    ) -> dict[str, dict[str, int]]:
+        """Deliver what leaves the application, then acknowledge each shard's checkpoints;
+        wait for the settlements started earlier in the batch (`settling`): a batch ends with
+        every production it checkpointed delivered or its failure noted."""
+        futures = settling + [(d, self._pool.submit(self._settle, d)) for d in done]
         out: dict[str, dict[str, int]] = {}
         for item, future in futures:
             totals = out.setdefault(item.stage.name, {})
