@@ -1052,12 +1052,12 @@ class FusedRunner:
         return [pickle.loads(result) for result in job.collect()]
 
     def _deliver_and_acknowledge(
-        self, done: list[_Done], settling: list[tuple[_Done, Future[dict[str, int]]]]
+        self, done: list[_Done], settling: Sequence[tuple[_Done, Future[dict[str, int]]]] = ()
     ) -> dict[str, dict[str, int]]:
         """Deliver what leaves the application, then acknowledge each shard's checkpoints;
         wait for the settlements started earlier in the batch (`settling`): a batch ends with
         every production it checkpointed delivered or its failure noted."""
-        futures = settling + [(d, self._pool.submit(self._settle, d)) for d in done]
+        futures = [*settling, *((d, self._pool.submit(self._settle, d)) for d in done)]
         out: dict[str, dict[str, int]] = {}
         for item, future in futures:
             totals = out.setdefault(item.stage.name, {})

@@ -33,14 +33,6 @@ Headers = list[tuple[str, bytes | None]]
 Record = tuple[int, bytes | None, bytes | None, int, Any]  # partition, key, value, ts, headers
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_consumer_outlives_the_module() -> Iterator[None]:
-    """Driver reads here keep consumers warm in this process: close them while the broker
-    still runs (else librdkafka logs connection failures until the process ends)."""
-    yield
-    close_consumers()
-
-
 # ---------------------------------------------------------------- helpers
 
 
