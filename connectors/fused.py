@@ -3,7 +3,8 @@
 Cloud Dataflow's fusion with MillWheel's strong productions, the micro-batch as the delivery
 channel (DESIGN.md section 2, "Direction"). Per micro-batch, on the driver:
 
-1. *read*: the batch's injected rows come to the driver once, as Arrow;
+1. *read*: the batch's injected rows come to the driver once: read there, from the ranges in
+   Spark's offset log (Kafka partitions at once), or from Spark as Arrow (`_read`);
 2. for each computation in topological order:
    - *input watermark*: injectors' estimates, and the watermarks its producers published
      earlier in this batch (which still count the productions handed to it as their oldest
