@@ -4,9 +4,11 @@ States: idle → `begin` → in a transaction → `commit` → idle; `abort` ret
 whose outcome librdkafka could not tell (it timed out) leaves the producer *in doubt*
 (`committing` set): such a producer is never aborted or dropped, and its next delivery resumes
 the commit first (librdkafka's contract for a timed-out `commit_transaction`), until the
-transaction timeout has certainly settled the outcome (`doubt_outlived`). A producer that is
-fenced, fatal or stuck is dropped (`drop`); the next delivery initialises the transactional id
-again, which aborts whatever it left open.
+transaction timeout has certainly settled the outcome (`doubt_outlived`). When a resumed
+commit succeeds, `commit` says it was in doubt, and the sink checks the broker's progress
+offsets agree (they do on Apache Kafka; the log names a broker where they do not). A producer
+that is fenced, fatal or stuck is dropped (`drop`); the next delivery initialises the
+transactional id again, which aborts whatever it left open.
 
 Errors of librdkafka's transactional calls are sorted into `Fenced` (a newer producer took the
 transactional id), `Abortable` (abort and try again) and the sink's MillstreamErrors.
@@ -67,6 +69,7 @@ class ShardProducer:
     # its next delivery resumes the commit first (librdkafka's contract for a timed-out commit).
     committing: dict[str, int] | None = None
     committing_since: float = 0.0  # monotonic time the in-doubt commit was first attempted
+    doubted: bool = False  # the commit under way has timed out at least once
     forget: Callable[[ShardProducer], None] | None = None
 
     # ------------------------------------------------------------------------- transitions
@@ -74,8 +77,13 @@ class ShardProducer:
         self.call("begin_transaction", self.producer.begin_transaction)
         self.in_transaction = True
 
-    def commit(self, shard: ShardRef, deadline: Deadline, top: dict[str, int]) -> None:
+    def commit(self, shard: ShardRef, deadline: Deadline, top: dict[str, int]) -> bool:
         """Commit (or resume committing) the open transaction that carries progress `top`.
+
+        Returns whether the commit was in doubt before it succeeded: the caller then compares
+        it with the broker's progress offsets, because librdkafka's success after a timeout is
+        only the answer to a re-sent EndTxn, which a broker that lost the transaction across a
+        restart may give too.
 
         A commit that times out has an unknown outcome: the broker may have committed it. Then
         aborting is not allowed (librdkafka answers _CONFLICT) and dropping the producer would
@@ -92,6 +100,7 @@ class ShardProducer:
             except (KafkaException, SystemError) as exc:
                 err = kafka_error(exc)
                 if err is not None and err.retriable() and not err.txn_requires_abort():
+                    self.doubted = True
                     if not deadline.expired():
                         time.sleep(RETRY_PAUSE_S)
                         continue
@@ -100,12 +109,14 @@ class ShardProducer:
                         f"within {deadline.seconds:.0f}s ({err.name()}); its outcome is unknown, "
                         "so the checkpoints stay and the next delivery resumes the commit"
                     ) from None
-                self.committing = None  # a definite failure: the transaction did not commit
+                self.committing, self.doubted = None, False  # definite: it did not commit
                 self.fail(exc, "commit_transaction")
-        self.committing = None
+        doubted = self.doubted
+        self.committing, self.doubted = None, False
         self.in_transaction = False
         for stream, seq in top.items():
             self.progress[stream] = max(self.progress[stream], seq)
+        return doubted
 
     def doubt_outlived(self, transaction_timeout_s: float) -> bool:
         """A commit in doubt for longer than the transaction timeout: stop resuming it.

@@ -13,7 +13,8 @@ with `isolation.level=read_committed` never returns a pending or aborted one. On
 delivers the rest plus the new progress in one transaction; so each production becomes
 visible to a read_committed consumer exactly once, whatever crashed where. A commit that times
 out (broker gone mid-commit) may still commit: that producer is kept and its commit resumed on
-the shard's next delivery, never aborted (`millstream.sinks._shard_producer`).
+the shard's next delivery, never aborted (`millstream.sinks._shard_producer`); a broker whose
+progress offsets then contradict librdkafka's success is named in the log (`_confirm`).
 
 Caveats: Kafka expires the committed offsets of a group without members after
 `offsets.retention.minutes` (7 days by default); progress matters only for checkpoints left
@@ -291,7 +292,9 @@ class KafkaTransactionalSink(Sink):
         """0. finish a commit left in doubt, 1. read progress (once per init), 2. skip delivered,
         3. begin, 4. produce and wait for acks, 5. add progress offsets, 6. commit."""
         if state.committing is not None:
-            state.commit(shard, deadline, state.committing)
+            carried = state.committing
+            if state.commit(shard, deadline, carried):
+                self._confirm(state, shard, carried, deadline)
         for stream in sorted({p.stream for p in productions}):
             if stream not in state.progress:
                 self._read_progress(state, shard, stream, deadline)
@@ -334,7 +337,8 @@ class KafkaTransactionalSink(Sink):
                     top.get(production.stream, _NO_PROGRESS), production.seq
                 )
             self._send_progress(state, shard, top, deadline)
-            state.commit(shard, deadline, top)
+            if state.commit(shard, deadline, top):
+                self._confirm(state, shard, top, deadline)
         pairs = []
         for topic, production, outcome in zip(topics, productions, outcomes, strict=True):
             if outcome is None:
@@ -441,6 +445,43 @@ class KafkaTransactionalSink(Sink):
         self, state: ShardProducer, shard: ShardRef, stream: str, deadline: Deadline
     ) -> None:
         """Highest delivered seq for (shard, stream), as committed by the last transaction."""
+        state.progress[stream], state.group_meta[stream] = self._fetch_progress(
+            shard, stream, deadline
+        )
+
+    def _confirm(
+        self, state: ShardProducer, shard: ShardRef, top: dict[str, int], deadline: Deadline
+    ) -> None:
+        """Compare a resumed commit's reported success with the broker's progress offsets.
+
+        On Apache Kafka they always agree. A broker that breaks the atomicity of a transaction
+        across a restart can disagree both ways (Tansu: committed records without the offset
+        commit, or an offset commit with aborted records), and then no client choice is right:
+        delivering again would double the records it did commit. So the sink keeps librdkafka's
+        answer, as its contract says, and logs the contradiction where an operator sees it.
+        """
+        for stream, seq in sorted(top.items()):
+            try:
+                committed, _ = self._fetch_progress(shard, stream, deadline)
+            except MillstreamError as exc:
+                log.warning(
+                    "%s: progress not readable after a resumed commit: %s", state.txn_id, exc
+                )
+                return
+            if committed < seq:
+                log.warning(
+                    "%s: commit_transaction reported success after timing out, but the broker's "
+                    "progress for stream %r shows seq %d, not %d: the broker did not apply the "
+                    "transaction's offset commit with its records (a broker defect; its records "
+                    "may be lost or, if delivered again, doubled)",
+                    state.txn_id,
+                    stream,
+                    committed,
+                    seq,
+                )
+
+    def _fetch_progress(self, shard: ShardRef, stream: str, deadline: Deadline) -> tuple[int, Any]:
+        """(highest committed seq, consumer group metadata) of (shard, stream) on the broker."""
         group = progress_group(shard, stream)
         consumer = Consumer(
             {
@@ -467,8 +508,8 @@ class KafkaTransactionalSink(Sink):
                 if not error.retriable() or deadline.expired():
                     raise classify(error, f"shard {shard}: reading progress of group {group!r}")
                 time.sleep(RETRY_PAUSE_S)
-            state.progress[stream] = got.offset - 1 if got.offset >= 0 else _NO_PROGRESS
-            state.group_meta[stream] = consumer.consumer_group_metadata()
+            seq = got.offset - 1 if got.offset >= 0 else _NO_PROGRESS
+            return seq, consumer.consumer_group_metadata()
         finally:
             consumer.close()
 
