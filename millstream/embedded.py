@@ -535,17 +535,30 @@ def start_moto(workdir: Path, port: int | None = None, *, detached: bool = False
 
 
 def start_kafka_durable(
-    workdir: Path, port: int | None = None, *, bucket: str = "tansu", detached: bool = False
+    workdir: Path,
+    port: int | None = None,
+    *,
+    bucket: str = "tansu",
+    detached: bool = False,
+    advertised_port: int | None = None,
 ) -> KafkaService:
     """Tansu on `s3://` backed by a local moto server: topics, data and offsets survive `restart()`.
 
     `kill9()` and `restart()` act on the broker only; `stop()` stops the broker then moto (whose
     storage is in memory, so the data lives exactly as long as the service object's moto).
+    `advertised_port` as in `start_kafka`.
     """
     moto = start_moto(workdir, detached=detached)
     try:
         moto.create_bucket(bucket)
-        return start_kafka(workdir, port, f"s3://{bucket}/", detached=detached, _moto=moto)
+        return start_kafka(
+            workdir,
+            port,
+            f"s3://{bucket}/",
+            detached=detached,
+            advertised_port=advertised_port,
+            _moto=moto,
+        )
     except BaseException:
         moto.stop()
         raise

@@ -3,24 +3,58 @@
 Kafka clients connect to the address a broker advertises, so the broker must advertise the
 proxy's port (see `start_kafka(advertised_port=...)`). `cut(seconds)` closes every open
 connection at once and refuses new ones for `seconds`, which is what clients see when a broker
-crashes and comes back; the broker's log, transactions and offsets are untouched.
+crashes and comes back; the broker's log, transactions and offsets are untouched. A `tap`
+sees the bytes of each connection, both ways (e.g. `millstream.testing.txn_wire`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
+
+Observer = Callable[[bytes], None]
 
 HOST = "127.0.0.1"
+
+
+def quiet_port() -> int:
+    """A free loopback port below the kernel's ephemeral range, which `free_port()` (the ports
+    of the embedded children: broker, moto) never hands out: a proxy can advertise it before it
+    listens without a child taking it meanwhile."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port below {low}")
 
 
 class TcpProxy:
     """Forwards HOST:`listen_port` to HOST:`target_port`, one pair of threads per connection."""
 
-    def __init__(self, listen_port: int, target_port: int) -> None:
+    def __init__(
+        self,
+        listen_port: int,
+        target_port: int,
+        tap: Callable[[], tuple[Observer, Observer]] | None = None,
+    ) -> None:
+        """`tap`, called once per connection, returns observers of its (to target, to client)
+        bytes; they run on the forwarding threads before the bytes are passed on."""
         self.listen_port = listen_port
+        self._tap = tap
         self.target_port = target_port
         self.cuts = 0
         self._lock = threading.Lock()
@@ -86,15 +120,26 @@ class TcpProxy:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._sockets.update((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            observers: tuple[Observer | None, Observer | None] = (
+                self._tap() if self._tap is not None else (None, None)
+            )
+            for src, dst, observe in (
+                (client, upstream, observers[0]),
+                (upstream, client, observers[1]),
+            ):
+                threading.Thread(target=self._pump, args=(src, dst, observe), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, observe: Observer | None) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                if observe is not None:
+                    try:
+                        observe(data)
+                    except Exception:  # a tap never breaks the forwarding
+                        observe = None
                 dst.sendall(data)
         except OSError:
             pass

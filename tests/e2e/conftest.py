@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,25 @@ import pytest
 from millstream.connectors.app import Application
 from millstream.connectors.targets import Endpoints
 from millstream.connectors.topology import Topology
+from millstream.embedded import start_kafka_durable
 from millstream.settings import Settings
+from millstream.testing.proxy import TcpProxy, quiet_port
+from millstream.testing.txn_wire import TxnWireLog
+from tests.e2e.sink_faults import RecordedKafka
+
+
+@pytest.fixture
+def recorded_kafka(tmp_path: Path) -> Iterator[RecordedKafka]:
+    """`durable_kafka` behind a `TxnWireLog` proxy, which it advertises to clients."""
+    wire = TxnWireLog()
+    port = quiet_port()
+    service = start_kafka_durable(tmp_path / "durable-kafka", advertised_port=port)
+    proxy = TcpProxy(port, service.port, tap=wire.tap).start()
+    try:
+        yield RecordedKafka(service, proxy, wire)
+    finally:
+        proxy.close()
+        service.stop()
 
 
 @pytest.fixture

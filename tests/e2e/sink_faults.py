@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from millstream.embedded import KafkaService
 from millstream.headers import HEADER_ID
 from millstream.sinks.dedup_reader import DedupReader
 from millstream.state.keys import ShardKeys
@@ -40,6 +41,8 @@ from millstream.testing.committed_reader import (
     withheld_by_broker,
 )
 from millstream.testing.process import PipelineProcess
+from millstream.testing.proxy import TcpProxy
+from millstream.testing.txn_wire import TxnCall, TxnWireLog
 from tests.e2e.sink_target import SHARDS
 
 ROOT = Path(__file__).parents[2]
@@ -56,7 +59,14 @@ STUCK_TXN_REASON = (
     "broker defect: Tansu (s3:// storage) keeps a transaction's records without a COMMIT or "
     "ABORT marker long after the transaction timeout, so read_committed stops at it"
 )
+ACKED_THEN_ABORTED_REASON = (
+    "broker defect: Tansu answered a transaction's EndTxn(commit) with success, then wrote an "
+    "ABORT marker for its records"
+)
 JOURNAL = "deliveries.jsonl"
+# How long the output may stand still, with every input processed and nothing checkpointed,
+# before `wait_complete` stops waiting and looks for the missing productions in the raw log.
+SETTLED_S = 45.0
 TXN_TIMEOUT_S = 60.0  # KafkaTransactionalSink's default transaction.timeout.ms, in seconds
 WITHHELD_REASON = (
     "broker defect: Tansu tells read_committed consumers a last stable offset that its own log "
@@ -67,6 +77,34 @@ LOST_COMMIT_REASON = (
     "broker defect: Tansu acknowledged a transaction's commit across a stop and restart, kept "
     "its progress offsets, and then aborted its records (no COMMIT marker ever written)"
 )
+
+
+@dataclass
+class RecordedKafka:
+    """A durable broker that clients reach through a proxy recording its transactional answers
+    (`wire`): evidence of what the broker acknowledged that the product's records cannot give."""
+
+    service: KafkaService
+    proxy: TcpProxy
+    wire: TxnWireLog
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.proxy.listen_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.service.pid
+
+    def alive(self) -> bool:
+        return self.service.alive()
+
+    def kill9(self) -> None:
+        self.service.kill9()
+
+    def restart(self) -> RecordedKafka:
+        self.service.restart()
+        return self
 
 
 @dataclass
@@ -346,7 +384,7 @@ class ProgressWatcher:
     offsets of that very transaction (`seen()`: shard -> every value observed).
     """
 
-    def __init__(self, bootstrap: str, app: str, every: float = 0.2) -> None:
+    def __init__(self, bootstrap: str, app: str, every: float = 0.05) -> None:
         self.bootstrap, self.app, self.every = bootstrap, app, every
         self._seen: dict[int, set[int]] = {shard: set() for shard in range(SHARDS)}
         self._lock = threading.Lock()
@@ -393,6 +431,10 @@ def journal_productions(journal: Path) -> dict[str, set[tuple[int, int]]]:
     return out
 
 
+class _Settled(Exception):
+    """The pipeline has nothing left to deliver, yet productions are missing."""
+
+
 def wait_complete(
     pipeline: PipelineProcess,
     bootstrap: str,
@@ -404,6 +446,7 @@ def wait_complete(
     feeder: Feeder | None = None,
     counters: Callable[[], dict[str, int]] | None = None,
     progress: ProgressWatcher | None = None,
+    wire: TxnWireLog | None = None,
 ) -> None:
     """Wait until every input's production is visible to the mode's reader.
 
@@ -412,23 +455,43 @@ def wait_complete(
     sink's progress offsets (sampled during the run by `progress`) cover them, one of the values
     seen being the offsets of their own transaction, while their records sit under an ABORT
     marker (`lost_commit_evidence`, which also needs the `journal` to name their sequence
-    numbers), or the raw logs show the broker lost or withholds them (`unserved_ack_evidence`).
+    numbers), or the broker answered their transaction's commit with success before aborting
+    its records (`acknowledged_then_aborted`, from the `wire` log of a recording proxy), or the
+    raw logs show the broker lost or withholds them (`unserved_ack_evidence`). With `checkpoints` and `counters`, the wait ends early once every input was processed,
+    nothing is checkpointed and no production arrived for `SETTLED_S`: the pipeline has nothing
+    left to deliver, and what only the broker can still release is waited for in the evidence.
     """
     seen: list[int] = [0]
+    still = {"count": -1, "since": time.monotonic()}
 
     def complete() -> bool:
         ids = set(read_output(bootstrap, topic, mode).ids)
         seen[0] = len(ids & set(truth))
-        return ids >= set(truth)
+        if ids >= set(truth):
+            return True
+        if seen[0] != still["count"]:
+            still["count"], still["since"] = seen[0], time.monotonic()
+        elif (
+            time.monotonic() - still["since"] > SETTLED_S
+            and checkpoints is not None
+            and counters is not None
+            and counters()["records"] >= len(truth)
+            and not checkpoints()
+        ):
+            raise _Settled(
+                f"every input processed, no production checkpointed in Redis and none new for "
+                f"{SETTLED_S:.0f}s: the missing ones will not come from the pipeline"
+            )
+        return False
 
     try:
         pipeline.wait_for(complete, 240, f"a production for each of the {len(truth)} inputs")
-    except AssertionError as exc:
+    except (AssertionError, _Settled) as exc:
         missing = sorted(set(truth) - set(read_output(bootstrap, topic, mode).ids))
         pending = checkpoints() if checkpoints is not None else None
         if pending is not None and not pending and missing:
             _xfail_on_broker_evidence(
-                bootstrap, topic, mode, truth, missing, journal, feeder, progress
+                bootstrap, topic, mode, truth, missing, journal, feeder, progress, wire
             )
             missing = sorted(set(truth) - set(read_output(bootstrap, topic, mode).ids))
             if not missing:
@@ -474,6 +537,7 @@ def _xfail_on_broker_evidence(
     journal: Path | None,
     feeder: Feeder | None,
     watcher: ProgressWatcher | None,
+    wire: TxnWireLog | None = None,
 ) -> None:
     """pytest.xfail when broker-side facts show the broker lost or withholds `missing`."""
     try:
@@ -496,6 +560,11 @@ def _xfail_on_broker_evidence(
         evidence = lost_commit_evidence(missing, [], partitions, names, progress, watcher.seen())
         if evidence is not None:
             pytest.xfail(f"{LOST_COMMIT_REASON}: {evidence}")
+    if mode == "transactional" and wire is not None:
+        acked = acknowledged_then_aborted(missing, topic, partitions, wire)
+        if acked is not None:
+            pytest.xfail(f"{ACKED_THEN_ABORTED_REASON}: {acked}")
+        print(f"no acknowledged-then-aborted evidence; wire log parse errors: {wire.errors[:5]}")
     acks = feeder.acked if feeder is not None else {}
     found = unserved_ack_evidence(missing, [], partitions, inputs, acks)
     if found is None and any(_stuck_candidates(partitions)):
@@ -553,6 +622,85 @@ def _copies(partitions: Sequence[list[RawBatch]]) -> dict[str, list[RecordOrigin
             if event is not None:
                 out.setdefault(event, []).append(origin)
     return out
+
+
+def acknowledged_then_aborted(
+    missing: list[str],
+    topic: str,
+    partitions: Sequence[list[RawBatch]],
+    wire: TxnWireLog,
+) -> str | None:
+    """Evidence that the broker acknowledged committing the transactions it then aborted, or None.
+
+    Every successful AddPartitionsToTxn of a producer id for a partition starts one transaction
+    there, which ends with one control marker of that producer id in that partition. So the
+    record's closing marker, the n-th of its producer id in its partition, belongs to the n-th
+    such call seen on the wire. The EndTxn requests of that producer id and epoch sent after
+    that call, up to the first the broker answered without error, ended that transaction: if
+    that answer was to a commit while the marker says ABORT, the broker broke its word. It holds
+    only when it holds for every copy of every missing production, and the wire log parsed
+    without errors.
+    """
+    if wire.errors or not missing:
+        return None
+    calls = wire.calls()
+    copies = _copies(partitions)
+    found: list[str] = []
+    for event in missing:
+        where = copies.get(event, [])
+        if not where or any(c.marker != ABORT_MARKER for c in where):
+            return None  # never written, or not under ABORT: not this defect
+        for copy in where:
+            markers_before = sum(
+                1
+                for batch in partitions[copy.partition]
+                if batch.control
+                and batch.producer_id == copy.producer_id
+                and batch.base_offset < copy.offset
+            )
+            adds = [
+                c
+                for c in calls
+                if c.api == "add_partitions"
+                and c.producer_id == copy.producer_id
+                and (topic, copy.partition) in c.partitions
+                and c.error_code == 0
+            ]
+            if len(adds) <= markers_before:
+                return None  # the wire saw fewer transactions than the log holds: no match
+            start = adds[markers_before]
+            if start.producer_epoch != copy.producer_epoch:
+                return None
+            end = _first_answered_end(calls, start)
+            if end is None or not end.committed:
+                return None  # never ended on the wire, or aborted as asked
+            found.append(
+                f"{event} (p{copy.partition}@{copy.offset} pid {copy.producer_id} epoch "
+                f"{copy.producer_epoch}: EndTxn(commit) sent {end.sent_at:.3f}, answered "
+                f"{end.answered_at:.3f} with no error; ABORT in the log)"
+            )
+    return f"{len(found)} records {found[:5]}"
+
+
+def _first_answered_end(calls: list[TxnCall], start: TxnCall) -> TxnCall | None:
+    """The EndTxn that ended `start`'s transaction: the first of its producer id and epoch
+    after it that the broker answered with error code 0, unless a new transaction of theirs
+    began first (an AddPartitionsToTxn after an EndTxn), which leaves the end unknown."""
+    ended = False
+    for call in calls:
+        if (
+            call.sent_at <= start.sent_at
+            or call.producer_id != start.producer_id
+            or call.producer_epoch != start.producer_epoch
+        ):
+            continue
+        if call.api == "end_txn":
+            if call.error_code == 0:
+                return call
+            ended = True  # unanswered or refused: librdkafka retries it or gives up
+        elif ended:
+            return None
+    return None
 
 
 def lost_commit_evidence(

@@ -1,7 +1,7 @@
 """Backpressure: while the sink's target is down, the computation stops taking new input.
 
 Input and internal streams live on the session broker; the transactional sink writes to a second,
-durable broker (`durable_kafka`), which is stopped for 30 s while input keeps arriving. With
+durable broker behind a recording proxy (`recorded_kafka`), which is stopped for 30 s while input keeps arriving. With
 `MILLSTREAM_MAX_PENDING_PRODUCTIONS` small, the pipeline (`tests/e2e/sink_target.py`, its own
 session) must, while the target is down:
 
@@ -41,6 +41,7 @@ from tests.e2e.sink_faults import (
     Feeder,
     Phases,
     ProgressWatcher,
+    RecordedKafka,
     assert_exactly_once,
     check_plain_consumer,
     counters_of,
@@ -83,7 +84,7 @@ def _progress(sample: Sample) -> tuple[int, int, int]:
 
 
 def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
-    durable_kafka: Any,
+    recorded_kafka: RecordedKafka,
     redis_url: str,
     redis_client: Any,
     redis_namespace: str,
@@ -97,7 +98,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
     from millstream.status import status
 
     app = redis_namespace
-    target = durable_kafka.bootstrap
+    target = recorded_kafka.bootstrap
     source = kafka_topic_factory(partitions=2)
     sink = create_topic(target, partitions=2)
     env = pipeline_env(
@@ -134,7 +135,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
         feeder.start(20, total - 20, RATE)
         time.sleep(4)
         sent_before = feeder.sent
-        stop_broker(durable_kafka)  # SIGTERM: down, its data kept (see test_sinks_broker_restart)
+        stop_broker(recorded_kafka)  # SIGTERM: down, its data kept (see test_sinks_broker_restart)
         down = time.monotonic()
         phase("target stopped")
         while time.monotonic() - down < DOWN_S:
@@ -167,7 +168,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
         sent_during = feeder.sent - sent_before
         held = status(redis_client, app)["computations"]["relay"]
         assert held["backpressure_since"] is not None, held  # `millstream status` shows the hold
-        durable_kafka.restart()
+        recorded_kafka.restart()
         phase(f"target restarted ({sent_during} inputs sent while it was down)")
         feeder.join()
         truth = feeder.finish()
@@ -182,6 +183,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
             feeder=feeder,
             counters=counters_of(redis_client, app),
             progress=watcher,
+            wire=recorded_kafka.wire,
         )
         phase("every production delivered")
         settled = metric(redis_client, app, "batches") + 3

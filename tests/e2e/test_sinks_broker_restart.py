@@ -1,6 +1,6 @@
 """The Kafka broker restarts mid-run, under load: afterwards exactly once.
 
-One durable broker (`durable_kafka`: Tansu on local S3, so topics, data, transactions and
+One durable broker behind a recording proxy (`recorded_kafka`: Tansu on local S3, so topics, data, transactions and
 committed offsets survive) carries the input, the internal streams and the transactional sink's
 output. While input keep arriving, the broker is stopped (SIGTERM) or crashed (SIGKILL) and
 started again after a pause longer than the sink's delivery timeout. The pipeline
@@ -39,6 +39,7 @@ from tests.e2e.sink_faults import (
     Feeder,
     Phases,
     ProgressWatcher,
+    RecordedKafka,
     assert_exactly_once,
     assert_exactly_once_around_holes,
     check_plain_consumer,
@@ -71,13 +72,13 @@ HOLE_REASON = (
 def test_broker_restart_mid_run_under_load(
     how: str,
     mode: str,
-    durable_kafka: Any,
+    recorded_kafka: RecordedKafka,
     redis_url: str,
     redis_client: Any,
     redis_namespace: str,
     tmp_path: Path,
 ) -> None:
-    bootstrap = durable_kafka.bootstrap
+    bootstrap = recorded_kafka.bootstrap
     app = redis_namespace
     source = create_topic(bootstrap, partitions=2)
     sink = create_topic(bootstrap, partitions=2)
@@ -109,12 +110,12 @@ def test_broker_restart_mid_run_under_load(
         delivered_before = len(read_output(bootstrap, sink, mode).ids)
         # Input, internal streams, output and transaction state: all down.
         if how == "kill9":
-            durable_kafka.kill9()
+            recorded_kafka.kill9()
         else:
-            stop_broker(durable_kafka)
+            stop_broker(recorded_kafka)
         phase(f"broker down by {how} ({delivered_before} productions visible)")
         time.sleep(DOWN_S)
-        durable_kafka.restart()
+        recorded_kafka.restart()
         phase("broker restarted")
         feeder.join()
         truth = feeder.finish()
@@ -133,6 +134,7 @@ def test_broker_restart_mid_run_under_load(
                 feeder=feeder,
                 counters=counters_of(redis_client, app),
                 progress=watcher,
+                wire=recorded_kafka.wire,
             )
         except LogHoleError as exc:
             assert how == "kill9", exc  # a clean stop must never lose data

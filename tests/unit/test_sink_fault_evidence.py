@@ -13,13 +13,16 @@ from millstream.testing.committed_reader import (
     judge_plain_view,
     withheld_by_broker,
 )
+from millstream.testing.txn_wire import TxnCall, TxnWireLog
 from tests.e2e.sink_faults import (
+    ACKED_THEN_ABORTED_REASON,
     LOST_COMMIT_REASON,
     STUCK_TXN_REASON,
     TXN_TIMEOUT_S,
     UNSERVED_ACK_REASON,
     _open_transaction_before,
     acknowledged_offsets,
+    acknowledged_then_aborted,
     journal_productions,
     lost_commit_evidence,
     unserved_ack_evidence,
@@ -108,6 +111,60 @@ def test_lost_commit_refuses_the_other_look_alikes() -> None:
     assert lost_commit_evidence(["e2"], [], aborted_log(), {}, NOW, SEEN) is None
     twice = {**NAMES, "e2": {(0, 5), (1, 1)}}
     assert lost_commit_evidence(["e2", "e3"], [], aborted_log(), twice, NOW, SEEN) is None
+
+
+# ---------------------------------------------------------------- acknowledged, then aborted
+
+TOPIC = "out"
+
+
+def add(at: float, pid: int = 7, epoch: int = 0, error: int = 0) -> TxnCall:
+    return TxnCall("add_partitions", "t", pid, epoch, at, None, ((TOPIC, 0),), error, at + 0.01)
+
+
+def end(at: float, commit: bool, error: int | None = 0, pid: int = 7, epoch: int = 0) -> TxnCall:
+    answered = None if error is None else at + 0.01
+    return TxnCall("end_txn", "t", pid, epoch, at, commit, (), error, answered)
+
+
+def wire_of(*calls: TxnCall) -> TxnWireLog:
+    wire = TxnWireLog()
+    wire._calls.extend(calls)
+    return wire
+
+
+def test_a_commit_answered_with_success_then_aborted_is_the_brokers() -> None:
+    # e1's transaction (the 1st of pid 7 in p0) committed; e2-e3's (the 2nd) was committed on
+    # the wire after one unanswered try, yet its marker is ABORT.
+    wire = wire_of(add(1.0), end(2.0, True), add(3.0), end(4.0, True, None), end(5.0, True))
+    evidence = acknowledged_then_aborted(["e2", "e3"], TOPIC, aborted_log(), wire)
+    assert evidence is not None and evidence.startswith("2 records"), evidence
+    assert "p0@2 pid 7 epoch 0: EndTxn(commit) sent 5.000" in evidence
+    assert ACKED_THEN_ABORTED_REASON.startswith("broker defect")
+
+
+def test_an_abort_asked_for_or_an_end_never_answered_is_not_the_brokers() -> None:
+    asked = wire_of(add(1.0), end(2.0, True), add(3.0), end(4.0, False))
+    assert acknowledged_then_aborted(["e2"], TOPIC, aborted_log(), asked) is None
+    # The commit never answered, and a new transaction began: the re-init aborted it, rightly.
+    unanswered = wire_of(add(1.0), end(2.0, True), add(3.0), end(4.0, True, None), add(6.0))
+    assert acknowledged_then_aborted(["e2"], TOPIC, aborted_log(), unanswered) is None
+
+
+def test_acknowledged_then_aborted_refuses_what_it_cannot_match() -> None:
+    log = aborted_log()
+    # The wire saw one transaction of pid 7 where the log holds two: no match.
+    assert acknowledged_then_aborted(["e2"], TOPIC, log, wire_of(add(1.0), end(2.0, True))) is None
+    # Another epoch on the wire than in the log.
+    other = wire_of(add(1.0), end(2.0, True), add(3.0, epoch=1), end(4.0, True, epoch=1))
+    assert acknowledged_then_aborted(["e2"], TOPIC, log, other) is None
+    # A record under COMMIT, or not in the log at all, is not this defect.
+    good = wire_of(add(1.0), end(2.0, True), add(3.0), end(4.0, True))
+    assert acknowledged_then_aborted(["e1"], TOPIC, log, good) is None
+    assert acknowledged_then_aborted(["e9"], TOPIC, log, good) is None
+    # A wire log with parse errors proves nothing.
+    good.errors.append("response api 26 v3: unpack requires a buffer of 2 bytes")
+    assert acknowledged_then_aborted(["e2"], TOPIC, log, good) is None
 
 
 def test_journal_names_productions_written_or_skipped(tmp_path: Path) -> None:

@@ -1,0 +1,194 @@
+"""What a broker answered to transactional requests, read off the wire by a TcpProxy tap.
+
+Fault tests blame a lost production on the broker only with evidence the product's own
+records cannot provide. When a broker acknowledges a transaction's commit and later writes an
+ABORT marker for its records, only the broker's answers show it: this module records, per
+connection, every AddPartitionsToTxn (a transaction starts writing to a partition) and EndTxn
+(commit or abort) request with the error code the broker answered. Other requests are skipped
+by their length prefix, unparsed.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+ADD_PARTITIONS_TO_TXN = 24
+END_TXN = 26
+_FLEXIBLE_FROM = {ADD_PARTITIONS_TO_TXN: 3, END_TXN: 3}  # first version with compact encodings
+
+
+@dataclass(frozen=True, slots=True)
+class TxnCall:
+    """One transactional request and the broker's answer (None: no answer seen)."""
+
+    api: str  # "add_partitions" or "end_txn"
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    sent_at: float  # time.time() when the proxy forwarded the request
+    committed: bool | None = None  # end_txn: commit (True) or abort (False)
+    partitions: tuple[tuple[str, int], ...] = ()  # add_partitions: (topic, partition)
+    error_code: int | None = None  # end_txn: the answer; add_partitions: the first non-zero one
+    answered_at: float | None = None
+
+
+class _Reader:
+    """Cursor over one Kafka message body, both plain and compact (flexible) encodings."""
+
+    def __init__(self, data: bytes, pos: int = 0) -> None:
+        self.data, self.pos = data, pos
+
+    def take(self, fmt: str) -> int:
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return int(value)
+
+    def uvarint(self) -> int:
+        shift = value = 0
+        while True:
+            byte = self.data[self.pos]
+            self.pos += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+
+    def string(self, compact: bool) -> str:
+        size = self.uvarint() - 1 if compact else self.take(">h")
+        if size < 0:
+            return ""
+        text = self.data[self.pos : self.pos + size].decode("utf-8", "replace")
+        self.pos += size
+        return text
+
+    def array_len(self, compact: bool) -> int:
+        return self.uvarint() - 1 if compact else self.take(">i")
+
+    def skip_tags(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.pos += self.uvarint()
+
+
+class TxnWireLog:
+    """Every transactional call seen by a proxy, in the order the proxy forwarded them.
+
+    `tap()` is the TcpProxy tap factory: one (to_broker, to_client) pair of byte observers per
+    connection, which reassemble the length-prefixed messages of each direction.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: list[TxnCall] = []
+        self.errors: list[str] = []  # messages that could not be parsed (evidence then refused)
+
+    def calls(self) -> list[TxnCall]:
+        with self._lock:
+            return list(self._calls)
+
+    def tap(self) -> tuple[Callable[[bytes], None], Callable[[bytes], None]]:
+        pending: dict[int, tuple[int, int, int]] = {}  # correlation id -> (api, version, index)
+        return (
+            _Framer(lambda m: self._request(m, pending)).feed,
+            _Framer(lambda m: self._response(m, pending)).feed,
+        )
+
+    def _request(self, message: bytes, pending: dict[int, tuple[int, int, int]]) -> None:
+        api, version, correlation = struct.unpack_from(">hhi", message)
+        if api not in _FLEXIBLE_FROM:
+            return
+        try:
+            flexible = version >= _FLEXIBLE_FROM[api]
+            body = _Reader(message, 8)
+            body.string(compact=False)  # client id: never compact, even in header v2
+            if flexible:
+                body.skip_tags()
+            txn_id = body.string(flexible)
+            producer_id, epoch = body.take(">q"), body.take(">h")
+            now = time.time()
+            if api == END_TXN:
+                call = TxnCall("end_txn", txn_id, producer_id, epoch, now, bool(body.take(">b")))
+            else:
+                parts: list[tuple[str, int]] = []
+                for _ in range(body.array_len(flexible)):
+                    topic = body.string(flexible)
+                    for _ in range(body.array_len(flexible)):
+                        parts.append((topic, body.take(">i")))
+                    if flexible:
+                        body.skip_tags()
+                call = TxnCall(
+                    "add_partitions", txn_id, producer_id, epoch, now, None, tuple(parts)
+                )
+        except (struct.error, IndexError) as exc:
+            with self._lock:
+                self.errors.append(f"request api {api} v{version}: {exc}")
+            return
+        with self._lock:
+            self._calls.append(call)
+            pending[correlation] = (api, version, len(self._calls) - 1)
+
+    def _response(self, message: bytes, pending: dict[int, tuple[int, int, int]]) -> None:
+        (correlation,) = struct.unpack_from(">i", message)
+        with self._lock:
+            known = pending.pop(correlation, None)
+        if known is None:
+            return
+        api, version, index = known
+        try:
+            flexible = version >= _FLEXIBLE_FROM[api]
+            body = _Reader(message, 4)
+            if flexible:
+                body.skip_tags()
+            body.take(">i")  # throttle time
+            if api == END_TXN:
+                error = body.take(">h")
+            else:
+                error = 0
+                for _ in range(body.array_len(flexible)):
+                    body.string(flexible)
+                    for _ in range(body.array_len(flexible)):
+                        body.take(">i")
+                        error = error or body.take(">h")
+                        if flexible:
+                            body.skip_tags()
+                    if flexible:
+                        body.skip_tags()
+        except (struct.error, IndexError) as exc:
+            with self._lock:
+                self.errors.append(f"response api {api} v{version}: {exc}")
+            return
+        with self._lock:
+            call = self._calls[index]
+            self._calls[index] = TxnCall(
+                call.api,
+                call.transactional_id,
+                call.producer_id,
+                call.producer_epoch,
+                call.sent_at,
+                call.committed,
+                call.partitions,
+                error,
+                time.time(),
+            )
+
+
+class _Framer:
+    """Reassembles a byte stream into Kafka messages (int32 size, then that many bytes)."""
+
+    def __init__(self, on_message: Callable[[bytes], None]) -> None:
+        self._on_message = on_message
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while len(self._buffer) >= 4:
+            (size,) = struct.unpack_from(">i", self._buffer)
+            if len(self._buffer) < 4 + size:
+                return
+            message = bytes(self._buffer[4 : 4 + size])
+            del self._buffer[: 4 + size]
+            self._on_message(message)
