@@ -190,6 +190,7 @@ def test_status_watch_redraws_until_ctrl_c(
         **{k: v for k, v in os.environ.items() if not k.startswith("MILLSTREAM_")},
         "REDIS_URL": redis_url,
         "MILLSTREAM_APP": redis_namespace,
+        "PYTHONFAULTHANDLER": "1",  # a crash (one CI run saw SIGSEGV on Ctrl-C) prints its stack
     }
     out = tmp_path / "watch.out"
     with out.open("wb") as sink:
