@@ -14,7 +14,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 Observer = Callable[[bytes], None]
@@ -22,7 +22,7 @@ Observer = Callable[[bytes], None]
 HOST = "127.0.0.1"
 
 
-def quiet_port() -> int:
+def quiet_port(exclude: Collection[int] = ()) -> int:
     """A free loopback port below the kernel's ephemeral range, which `free_port()` (the ports
     of the embedded children: broker, moto) never hands out: a proxy can advertise it before it
     listens without a child taking it meanwhile."""
@@ -33,6 +33,8 @@ def quiet_port() -> int:
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(max(1024, low - 12000), low)
+        if port in exclude:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((HOST, port))

@@ -23,14 +23,19 @@ from tests.e2e.sink_faults import RecordedKafka
 def recorded_kafka(tmp_path: Path) -> Iterator[RecordedKafka]:
     """`durable_kafka` behind a `TxnWireLog` proxy, which it advertises to clients."""
     wire = TxnWireLog()
+    # Both ports below the ephemeral range, so no other child (moto) takes them; the proxy
+    # listens first, so the broker's start-up probe already finds its advertised address.
     port = quiet_port()
-    service = start_kafka_durable(tmp_path / "durable-kafka", advertised_port=port)
-    proxy = TcpProxy(port, service.port, tap=wire.tap).start()
+    proxy_port = quiet_port(exclude={port})
+    proxy = TcpProxy(proxy_port, port, tap=wire.tap).start()
     try:
-        yield RecordedKafka(service, proxy, wire)
+        service = start_kafka_durable(tmp_path / "durable-kafka", port, advertised_port=proxy_port)
+        try:
+            yield RecordedKafka(service, proxy, wire)
+        finally:
+            service.stop()
     finally:
         proxy.close()
-        service.stop()
 
 
 @pytest.fixture

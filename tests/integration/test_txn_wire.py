@@ -20,13 +20,16 @@ from millstream.testing.txn_wire import TxnWireLog
 def proxied(tmp_path: Path) -> Iterator[tuple[str, TxnWireLog]]:
     wire = TxnWireLog()
     port = quiet_port()
-    service = start_kafka(tmp_path / "kafka", advertised_port=port)
-    proxy = TcpProxy(port, service.port, tap=wire.tap).start()
+    proxy_port = quiet_port(exclude={port})  # as the recorded_kafka fixture does
+    proxy = TcpProxy(proxy_port, port, tap=wire.tap).start()
     try:
-        yield f"127.0.0.1:{port}", wire
+        service = start_kafka(tmp_path / "kafka", port, advertised_port=proxy_port)
+        try:
+            yield f"127.0.0.1:{proxy_port}", wire
+        finally:
+            service.stop()
     finally:
         proxy.close()
-        service.stop()
 
 
 def test_the_wire_log_records_each_transactions_partitions_and_end(
