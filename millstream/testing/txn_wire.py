@@ -14,7 +14,9 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from millstream.testing.proxy import Observer
 
 ADD_PARTITIONS_TO_TXN = 24
 END_TXN = 26
@@ -90,7 +92,7 @@ class TxnWireLog:
         with self._lock:
             return list(self._calls)
 
-    def tap(self) -> tuple[Callable[[bytes], None], Callable[[bytes], None]]:
+    def tap(self) -> tuple[Observer, Observer]:
         pending: dict[int, tuple[int, int, int]] = {}  # correlation id -> (api, version, index)
         return (
             _Framer(lambda m: self._request(m, pending)).feed,
@@ -162,17 +164,8 @@ class TxnWireLog:
                 self.errors.append(f"response api {api} v{version}: {exc}")
             return
         with self._lock:
-            call = self._calls[index]
-            self._calls[index] = TxnCall(
-                call.api,
-                call.transactional_id,
-                call.producer_id,
-                call.producer_epoch,
-                call.sent_at,
-                call.committed,
-                call.partitions,
-                error,
-                time.time(),
+            self._calls[index] = replace(
+                self._calls[index], error_code=error, answered_at=time.time()
             )
 
 

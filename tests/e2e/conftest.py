@@ -12,30 +12,15 @@ import pytest
 from millstream.connectors.app import Application
 from millstream.connectors.targets import Endpoints
 from millstream.connectors.topology import Topology
-from millstream.embedded import start_kafka_durable
 from millstream.settings import Settings
-from millstream.testing.proxy import TcpProxy, quiet_port
-from millstream.testing.txn_wire import TxnWireLog
-from tests.e2e.sink_faults import RecordedKafka
+from tests.e2e.sink_faults import RecordedKafka, start_recorded_kafka
 
 
 @pytest.fixture
 def recorded_kafka(tmp_path: Path) -> Iterator[RecordedKafka]:
-    """`durable_kafka` behind a `TxnWireLog` proxy, which it advertises to clients."""
-    wire = TxnWireLog()
-    # Both ports below the ephemeral range, so no other child (moto) takes them; the proxy
-    # listens first, so the broker's start-up probe already finds its advertised address.
-    port = quiet_port()
-    proxy_port = quiet_port(exclude={port})
-    proxy = TcpProxy(proxy_port, port, tap=wire.tap).start()
-    try:
-        service = start_kafka_durable(tmp_path / "durable-kafka", port, advertised_port=proxy_port)
-        try:
-            yield RecordedKafka(service, proxy, wire)
-        finally:
-            service.stop()
-    finally:
-        proxy.close()
+    """`durable_kafka` behind a proxy that records the broker's transactional answers."""
+    with start_recorded_kafka(tmp_path / "durable-kafka") as kafka:
+        yield kafka
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from millstream.embedded import KafkaService
+from millstream.embedded import KafkaService, start_kafka_durable
 from millstream.headers import HEADER_ID
 from millstream.sinks.dedup_reader import DedupReader
 from millstream.state.keys import ShardKeys
@@ -41,7 +41,7 @@ from millstream.testing.committed_reader import (
     withheld_by_broker,
 )
 from millstream.testing.process import PipelineProcess
-from millstream.testing.proxy import TcpProxy
+from millstream.testing.proxy import TcpProxy, quiet_port
 from millstream.testing.txn_wire import TxnCall, TxnWireLog
 from tests.e2e.sink_target import SHARDS
 
@@ -105,6 +105,25 @@ class RecordedKafka:
     def restart(self) -> RecordedKafka:
         self.service.restart()
         return self
+
+
+@contextlib.contextmanager
+def start_recorded_kafka(workdir: Path) -> Iterator[RecordedKafka]:
+    """A durable broker behind a `TxnWireLog` proxy, which it advertises to clients."""
+    wire = TxnWireLog()
+    # Both ports below the ephemeral range, so no other child (moto) takes them; the proxy
+    # listens first, so the broker's start-up probe already finds its advertised address.
+    port = quiet_port()
+    proxy_port = quiet_port(exclude={port})
+    proxy = TcpProxy(proxy_port, port, tap=wire.tap).start()
+    try:
+        service = start_kafka_durable(workdir, port, advertised_port=proxy_port)
+        try:
+            yield RecordedKafka(service, proxy, wire)
+        finally:
+            service.stop()
+    finally:
+        proxy.close()
 
 
 @dataclass
@@ -457,9 +476,10 @@ def wait_complete(
     marker (`lost_commit_evidence`, which also needs the `journal` to name their sequence
     numbers), or the broker answered their transaction's commit with success before aborting
     its records (`acknowledged_then_aborted`, from the `wire` log of a recording proxy), or the
-    raw logs show the broker lost or withholds them (`unserved_ack_evidence`). With `checkpoints` and `counters`, the wait ends early once every input was processed,
-    nothing is checkpointed and no production arrived for `SETTLED_S`: the pipeline has nothing
-    left to deliver, and what only the broker can still release is waited for in the evidence.
+    raw logs show the broker lost or withholds them (`unserved_ack_evidence`). With
+    `checkpoints` and `counters`, the wait ends early once every input was processed, nothing
+    is checkpointed and no production arrived for `SETTLED_S`: the pipeline has nothing left to
+    deliver, and what only the broker can still release is waited for in the evidence.
     """
     seen: list[int] = [0]
     still = {"count": -1, "since": time.monotonic()}

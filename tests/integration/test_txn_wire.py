@@ -10,26 +10,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from millstream.embedded import start_kafka
 from millstream.testing.infra import create_topic
-from millstream.testing.proxy import TcpProxy, quiet_port
 from millstream.testing.txn_wire import TxnWireLog
+from tests.e2e.sink_faults import start_recorded_kafka
 
 
 @pytest.fixture
 def proxied(tmp_path: Path) -> Iterator[tuple[str, TxnWireLog]]:
-    wire = TxnWireLog()
-    port = quiet_port()
-    proxy_port = quiet_port(exclude={port})  # as the recorded_kafka fixture does
-    proxy = TcpProxy(proxy_port, port, tap=wire.tap).start()
-    try:
-        service = start_kafka(tmp_path / "kafka", port, advertised_port=proxy_port)
-        try:
-            yield f"127.0.0.1:{proxy_port}", wire
-        finally:
-            service.stop()
-    finally:
-        proxy.close()
+    with start_recorded_kafka(tmp_path / "kafka") as kafka:  # as the sink fault tests run it
+        yield kafka.bootstrap, kafka.wire
 
 
 def test_the_wire_log_records_each_transactions_partitions_and_end(
