@@ -88,7 +88,7 @@ def ship_user_code(topology: Topology) -> None:
 
     objects: list[Any] = []
     for spec in topology.computations.values():
-        objects.append(type(spec.computation))
+        objects.extend(spec.operator.user_objects())
         objects.extend(spec.inputs.values())
     objects.extend(type(fmt) for fmt in topology.formats.values())  # user-defined formats
     for obj in objects:

@@ -62,6 +62,9 @@ class Context:
         # tag -> (domain, time, hold) to set, or None to delete
         self.timer_ops: dict[str, tuple[TimeDomain, int, int | None] | None] = {}
         self.productions: list[Production] = []
+        # Counters an operator raises during the call: applied with its effects, so a call
+        # that is retried or fails counts nothing.
+        self.counters: dict[str, int] = {}
 
     # --- state -------------------------------------------------------------------------------
     def get_state(self, default: Any = None) -> Any:

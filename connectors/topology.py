@@ -11,9 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from millstream.connectors.combiners import Combiner
 from millstream.connectors.computation import Computation
 from millstream.connectors.formats import JsonFormat, ValueFormat
+from millstream.connectors.operator import ComputationOperator, Operator
 from millstream.connectors.serde import SERDES
+from millstream.connectors.windows import WindowKind
 from millstream.errors import ConfigurationError
 from millstream.injectors.sources import Source
 
@@ -41,7 +44,9 @@ class ComputationOptions:
 
     exactly_once: bool = True
     productions: Literal["strong", "weak"] = "strong"
-    late: Literal["drop", "flag"] = "drop"
+    # Late records (behind the input low watermark; for a window, past its allowed lateness):
+    # counted, then dropped, handed to user code flagged (`record.late`), or dead-lettered.
+    late: Literal["drop", "flag", "dead-letter"] = "drop"
     shards: int | None = None  # None: MILLSTREAM_SHARDS
     serde: str = "json"
     start: Literal["earliest", "latest"] = "earliest"
@@ -56,8 +61,10 @@ class ComputationOptions:
             raise ConfigurationError(
                 f"computation {name!r}: productions must be 'strong' or 'weak'"
             )
-        if self.late not in ("drop", "flag"):
-            raise ConfigurationError(f"computation {name!r}: late must be 'drop' or 'flag'")
+        if self.late not in ("drop", "flag", "dead-letter"):
+            raise ConfigurationError(
+                f"computation {name!r}: late must be 'drop', 'flag' or 'dead-letter'"
+            )
         if self.shards is not None and not 1 <= self.shards <= 4096:
             raise ConfigurationError(f"computation {name!r}: shards must be 1-4096")
         if self.serde not in SERDES:
@@ -76,13 +83,20 @@ class ComputationOptions:
 @dataclass(frozen=True)
 class ComputationSpec:
     name: str
-    computation: Computation
+    computation: Computation | Operator  # a hand-written computation, or another operator
     inputs: Mapping[str, KeyExtractor]
     outputs: frozenset[str]
     options: ComputationOptions
     # The value formats of its input and output streams that have one (Topology.stream_format):
     # inputs are decoded with them, productions encoded.
     formats: Mapping[str, ValueFormat] = field(default_factory=dict)
+
+    @property
+    def operator(self) -> Operator:
+        """What the shard task calls (`connectors/operator.py`)."""
+        if isinstance(self.computation, Operator):
+            return self.computation
+        return ComputationOperator(self.computation)
 
 
 @dataclass
@@ -163,7 +177,7 @@ class Topology:
     def computation(
         self,
         name: str,
-        computation: Computation,
+        computation: Computation | Operator,
         *,
         inputs: Mapping[str, KeyExtractor | None] | Sequence[str],
         outputs: Sequence[str] = (),
@@ -174,7 +188,7 @@ class Topology:
         _check_name("computation", name)
         if name in self.computations:
             raise ConfigurationError(f"computation {name!r} is declared twice")
-        if not isinstance(computation, Computation):
+        if not isinstance(computation, Computation | Operator):
             raise ConfigurationError(
                 f"computation {name!r}: expected a Computation instance, got {computation!r}"
             )
@@ -190,6 +204,14 @@ class Topology:
             except TypeError as exc:
                 raise ConfigurationError(f"computation {name!r}: {exc}") from None
         opts.validate(name)
+        spec_operator = (
+            computation if isinstance(computation, Operator) else ComputationOperator(computation)
+        )
+        if opts.late not in spec_operator.late_policies:
+            raise ConfigurationError(
+                f"computation {name!r}: late={opts.late!r} does not apply to a "
+                f"{type(spec_operator).__name__}; use one of {list(spec_operator.late_policies)}"
+            )
         for stream in outputs:
             _check_name("stream", stream)
         self.computations[name] = ComputationSpec(
@@ -197,6 +219,56 @@ class Topology:
         )
         self._bind_formats()
         return self
+
+    def window(
+        self,
+        name: str,
+        *,
+        stream: str,
+        window: WindowKind,
+        aggregate: Combiner,
+        output: str,
+        key: KeyExtractor | None = None,
+        allowed_lateness_ms: int = 0,
+        lift: bool = True,
+        **option_overrides: Any,
+    ) -> Topology:
+        """Add a windowed aggregation of `stream` per key (`key`: its key extractor; default
+        the Kafka record key): each window (`Tumbling`, `Hopping`, `Session`) is aggregated by
+        `aggregate` (`Count()`, `Sum(field)`, `Min`, `Max`, `Mean`, or a `Combiner`) and
+        produced once to `output` when the low watermark passes its end, stamped at its end:
+        value `{"key", "start", "end", "result", "update"}`, keyed by the key.
+
+        `allowed_lateness_ms`: a window is kept that long after its end; a late record within
+        it updates the window, which is produced again with `"update": true`. Records past it
+        are late: counted, then dropped (`late="drop"`, the default) or dead-lettered
+        (`late="dead-letter"`). `lift=False` merges each record into state on its own instead
+        of a batch's records at once (the same results; for comparison). Other keyword
+        arguments are `ComputationOptions` (shards, serde, exactly_once, ...).
+        """
+        from millstream.connectors.window_operator import WindowOperator
+
+        if not isinstance(window, WindowKind):
+            raise ConfigurationError(
+                f"window {name!r}: window must be Tumbling(size_ms), Hopping(size_ms, every_ms) "
+                f"or Session(gap_ms), got {window!r}"
+            )
+        if not isinstance(aggregate, Combiner):
+            raise ConfigurationError(
+                f"window {name!r}: aggregate must be Count(), Sum(field), Min(field), "
+                f"Max(field), Mean(field) or a Combiner, got {aggregate!r}"
+            )
+        lateness = allowed_lateness_ms
+        if not isinstance(lateness, int) or isinstance(lateness, bool) or lateness < 0:
+            raise ConfigurationError(
+                f"window {name!r}: allowed_lateness_ms must be an int >= 0, got {lateness!r}"
+            )
+        operator = WindowOperator(
+            window, aggregate, output, allowed_lateness_ms=lateness, lift=bool(lift)
+        )
+        return self.computation(
+            name, operator, inputs={stream: key}, outputs=[output], **option_overrides
+        )
 
     def sink(self, stream: str, sink: Any) -> Topology:
         """Deliver a stream's productions to an external target (exactly-once where it allows)."""

@@ -4,9 +4,11 @@ The public API is what `__all__` lists; everything else is internal.
 """
 
 from millstream.connectors.app import run
+from millstream.connectors.combiners import Combiner, Count, Max, Mean, Min, Sum
 from millstream.connectors.computation import Computation, Context
 from millstream.connectors.formats import FormatError, ValueFormat, avro_format, json_format
 from millstream.connectors.topology import ComputationOptions, Topology, json_field, record_key
+from millstream.connectors.windows import Hopping, Session, Tumbling
 from millstream.errors import (
     ConfigurationError,
     FencedError,
@@ -22,23 +24,32 @@ from millstream.settings import Settings
 __version__ = "0.1.0"
 
 __all__ = [
+    "Combiner",
     "Computation",
     "ComputationOptions",
     "ConfigurationError",
     "Context",
+    "Count",
     "FencedError",
     "FormatError",
+    "Hopping",
+    "Max",
+    "Mean",
     "MillstreamError",
+    "Min",
     "PoisonRecordError",
     "Production",
     "Record",
+    "Session",
     "Settings",
     "Source",
+    "Sum",
     "TimeDomain",
     "Timer",
     "TimestampContractError",
     "Topology",
     "TransientError",
+    "Tumbling",
     "ValueFormat",
     "__version__",
     "avro_format",

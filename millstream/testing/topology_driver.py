@@ -23,16 +23,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from millstream.connectors.formats import encode_with
+from millstream.connectors.key_runner import KeyRunner, rejected
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.routing import route as _route
 from millstream.connectors.serde import encode_value, serde_named
-from millstream.connectors.shard_task import (
-    _apply,
-    _KeyRunner,
-    _rejected,
-    dead_letter,
-    to_record,
-)
+from millstream.connectors.shard_task import to_record
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import ConfigurationError, MillstreamError
 from millstream.headers import production_headers
@@ -65,7 +60,7 @@ class _Node:
 
 
 class _Effects:
-    """The part of a shard transaction `shard_task._apply` writes to, applied at once."""
+    """The part of a shard transaction `KeyRunner` writes to, applied at once."""
 
     def __init__(self, node: _Node) -> None:
         self._node = node
@@ -335,7 +330,7 @@ class TopologyTestDriver:
             self._process_row(node, row)
 
     def _process_row(self, node: _Node, row: tuple) -> None:
-        """shard_task._run_once for one row: dedup, bad input, late policy, user code, apply."""
+        """shard_task._run_once for one row: dedup, bad input, late policy, the operator."""
         spec = node.spec
         [(_, item)] = list(_route(dict(spec.inputs), 1, iter([row]), formats=spec.formats))
         record = to_record(item, node.internal_inputs)
@@ -344,28 +339,27 @@ class TopologyTestDriver:
                 node.counters["duplicates"] += 1
                 return
             node.seen.add(record.id)
-        plan = self._plan(node)
-        error = item.error if item.error is not None else _rejected(plan, row)
+        runner = self._runner(node)
+        error = item.error if item.error is not None else rejected(runner.plan, row)
+        operator = spec.operator
         if error is not None:
-            self._emit(node, [dead_letter(plan, spec, record.key, error, row)])
-            node.counters["dead_letters"] += 1
-            return
-        if record.timestamp < node.input_watermark:
-            node.counters["late"] += 1
-            node.counters[f"late:{record.stream}"] += 1
-            if spec.options.late == "drop":
-                return
-            record = dataclasses.replace(record, late=True)
-        runner = _KeyRunner(plan, spec, node.states)
-        outcome = runner.call(record.key, spec.computation.process_record, record)
-        if isinstance(outcome, Exception):
-            reason = f"{type(outcome).__name__}: {outcome}"
-            self._emit(node, [dead_letter(plan, spec, record.key, reason, row)])
-            node.counters["dead_letters"] += 1
-            node.counters["user_errors"] += 1
-            return
-        self._commit(node, runner, record.key, outcome)
-        node.counters["records"] += 1
+            runner.dead_letter(record.key, error, row)
+        elif operator.expired(record, node.input_watermark):
+            runner.count("late")
+            runner.count(f"late:{record.stream}")
+            if spec.options.late == "dead-letter":
+                reason = (
+                    f"late: event time {record.timestamp} is behind the input low watermark "
+                    f"{node.input_watermark} (late='dead-letter')"
+                )
+                runner.dead_letter(record.key, reason, row)
+            elif spec.options.late == "flag":
+                operator.process_key(
+                    runner, record.key, [(dataclasses.replace(record, late=True), row)]
+                )
+        else:
+            operator.process_key(runner, record.key, [(record, row)])
+        self._finish(node, runner)
 
     def _fire_due(self, node: _Node) -> int:
         """One batch's timers: those due at the input watermark and the clock, in firing order.
@@ -383,36 +377,20 @@ class TopologyTestDriver:
             if node.timers.get((timer.key, timer.tag)) != timer:
                 continue
             del node.timers[(timer.key, timer.tag)]
-            plan = self._plan(node)
-            runner = _KeyRunner(plan, node.spec, node.states)
-            outcome = runner.call(timer.key, node.spec.computation.process_timer, timer)
+            runner = self._runner(node)
+            node.spec.operator.process_timer(runner, timer)
             fired += 1
-            if isinstance(outcome, Exception):
-                letter = dead_letter(
-                    plan,
-                    node.spec,
-                    timer.key,
-                    f"{type(outcome).__name__}: {outcome}",
-                    None,
-                    timer={
-                        "tag": timer.tag,
-                        "time": timer.time,
-                        "domain": timer.domain.value,
-                        "hold": timer.hold,
-                    },
-                )
-                self._emit(node, [letter])
-                node.counters["dead_letters"] += 1
-                node.counters["user_errors"] += 1
-            else:
-                self._commit(node, runner, timer.key, outcome)
-                node.counters["timers_fired"] += 1
+            self._finish(node, runner)
         return fired
 
-    def _commit(self, node: _Node, runner: _KeyRunner, key: str, ctx: Any) -> None:
-        effects = _Effects(node)
-        _apply(effects, runner, key, ctx)
-        self._emit(node, [*effects.productions, *(runner.weak or [])])
+    def _runner(self, node: _Node) -> KeyRunner:
+        return KeyRunner(self._plan(node), node.spec, node.states, _Effects(node))
+
+    def _finish(self, node: _Node, runner: KeyRunner) -> None:
+        """What the call wrote is committed: its counters, then its productions emitted."""
+        node.counters.update(runner.counters)
+        assert isinstance(runner.txn, _Effects)
+        self._emit(node, [*runner.txn.productions, *(runner.weak or [])])
 
     def _emit(self, node: _Node, productions: list[Production]) -> None:
         """Record each production on its stream and queue it for the stream's consumers, as

@@ -12,8 +12,9 @@ import pytest
 import redis
 
 from millstream.connectors.fused import redis_out_of_memory
+from millstream.connectors.key_runner import DEAD_LETTER_VALUE_BYTES, dead_letter
+from millstream.connectors.key_runner import rejected as _rejected
 from millstream.connectors.plan import BatchPlan
-from millstream.connectors.shard_task import DEAD_LETTER_VALUE_BYTES, _rejected, dead_letter
 from millstream.connectors.topology import ComputationOptions, ComputationSpec
 from millstream.errors import ConfigurationError
 from millstream.settings import Settings

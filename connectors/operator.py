@@ -1,0 +1,81 @@
+"""The operator seam (DESIGN.md section 9): what a shard task calls, at the points of its steps.
+
+`shard_task` runs the protocol (acquire, dedup, load, records, timers, commit) and calls the
+computation's operator at the points it names:
+
+- `expired(record, watermark)`: whether a fresh record is late for this operator (counted,
+  then dropped, flagged or dead-lettered by the computation's `late` option);
+- `after_load(runner, keys)`: once per shard batch, after the state of the batch's keys is
+  loaded: where an operator makes its batched look-ups (one round trip for the batch);
+- `process_key(runner, key, batch)`: a key's fresh, valid, not-expired records, in
+  arrival order: where a windowed aggregation folds them into one partial accumulator per
+  window before touching state (combiner lifting);
+- `process_timer(runner, timer)`: a due timer, in firing order;
+- `before_commit(runner)`: once per shard batch, before the one guarded commit.
+
+Every effect goes through the `KeyRunner` into the shard's transaction, committed with the
+ids of the records that caused it, so exactly-once holds for every operator alike.
+`Computation` is one operator, through `ComputationOperator`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from millstream.records import Record, Timer
+
+if TYPE_CHECKING:
+    from millstream.connectors.computation import Computation
+    from millstream.connectors.key_runner import KeyRunner
+
+# A key's batch of records: each fresh record with its routed row (for dead letters).
+KeyBatch = Sequence[tuple[Record, tuple]]
+
+
+class Operator:
+    """A node of the topology as the shard task sees it. Subclass and override the hooks."""
+
+    # The `late` options this operator accepts ("flag" hands a late record to user code,
+    # which only a hand-written computation can do something with).
+    late_policies: tuple[str, ...] = ("drop", "flag", "dead-letter")
+
+    def expired(self, record: Record, watermark: int) -> bool:
+        """Late: behind the input low watermark (records at or after it are on time)."""
+        return record.timestamp < watermark
+
+    def after_load(self, runner: KeyRunner, keys: Sequence[str]) -> None:
+        """Once per shard batch, after the keys' state is loaded."""
+
+    def process_key(self, runner: KeyRunner, key: str, batch: KeyBatch) -> None:
+        raise NotImplementedError
+
+    def process_timer(self, runner: KeyRunner, timer: Timer) -> None:
+        """A due timer of `timer.key`; does nothing unless overridden."""
+
+    def before_commit(self, runner: KeyRunner) -> None:
+        """Once per shard batch, before the commit."""
+
+    def user_objects(self) -> list[Any]:
+        """User-defined objects this operator calls (shipped to Spark's workers by value when
+        their modules cannot be imported there)."""
+        return []
+
+
+class ComputationOperator(Operator):
+    """A hand-written `Computation`: `process_record` per record, `process_timer` per timer,
+    each its own call (its own state decode and encode)."""
+
+    def __init__(self, computation: Computation) -> None:
+        self.computation = computation
+
+    def process_key(self, runner: KeyRunner, key: str, batch: KeyBatch) -> None:
+        process = self.computation.process_record
+        for record, row in batch:
+            runner.run_record(key, process, record, row)
+
+    def process_timer(self, runner: KeyRunner, timer: Timer) -> None:
+        runner.run_timer(self.computation.process_timer, timer)
+
+    def user_objects(self) -> list[Any]:
+        return [type(self.computation)]

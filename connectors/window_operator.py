@@ -1,0 +1,228 @@
+"""Windowed aggregations as an operator (`Topology.window`), with Dataflow's combiner lifting.
+
+Per key, the state holds the open windows only: `[[start, end, accumulator, fired], ...]`, and
+each window has one event timer (tag `"start:end"`) at its end. When the low watermark
+reaches a window's end, the timer emits `{"key", "start", "end", "result", "update": false}`
+stamped at the end, and the window is deleted with its timer, or, with allowed lateness, kept
+until `end + allowed_lateness_ms` (the same timer, moved) so that a late record within it
+updates the window and re-emits it with `"update": true`. A record whose every window is past
+its allowed lateness is late (`expired`): counted, then dropped or dead-lettered.
+
+Lifted (the default): a key's records of a batch are folded into one partial accumulator per
+window first (`Combiner.add`), then each partial is merged into the stored accumulator once
+(`Combiner.merge`): one state decode and encode and one timer write per key and window per
+batch, instead of one per record. The records' ids still enter the catalog in the same commit
+as the merged effect (`shard_task.commit`), so a replayed batch folds nothing twice. Unlifted
+(`lift=False`) runs the same merge once per record. Should a lifted call fail (a user
+combiner raising), the key's batch runs unlifted, so only the records that fail become dead
+letters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from millstream.connectors.combiners import Combiner
+from millstream.connectors.operator import KeyBatch, Operator
+from millstream.connectors.windows import Window, WindowKind, merge_overlapping
+from millstream.records import Record, Timer
+
+if TYPE_CHECKING:
+    from millstream.connectors.computation import Context
+    from millstream.connectors.key_runner import KeyRunner
+
+Partials = dict[Window, Any]
+Stored = dict[Window, list[Any]]  # window -> [accumulator, fired]
+
+
+def _tag(window: Window) -> str:
+    return f"{window[0]}:{window[1]}"
+
+
+class WindowOperator(Operator):
+    """One windowed aggregation: `window` assigns, `combiner` aggregates, results go to
+    `output`."""
+
+    late_policies = ("drop", "dead-letter")
+
+    def __init__(
+        self,
+        window: WindowKind,
+        combiner: Combiner,
+        output: str,
+        *,
+        allowed_lateness_ms: int = 0,
+        lift: bool = True,
+    ) -> None:
+        self.window = window
+        self.combiner = combiner
+        self.output = output
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.lift = lift
+
+    def user_objects(self) -> list[Any]:
+        field = getattr(self.combiner, "field", None)
+        return [type(self.combiner), *([field] if callable(field) else [])]
+
+    # --- hooks -------------------------------------------------------------------------------
+    def expired(self, record: Record, watermark: int) -> bool:
+        """Every window of the record is past its end plus the allowed lateness."""
+        last_end = max(end for _, end in self.window.assign(record.timestamp))
+        return last_end + self.allowed_lateness_ms <= watermark
+
+    def process_key(self, runner: KeyRunner, key: str, batch: KeyBatch) -> None:
+        good: list[tuple[Record, tuple, Any]] = []
+        for record, row in batch:
+            try:
+                value = self.combiner.extract(record)
+            except Exception as exc:  # bad input: this record alone is a dead letter
+                runner.dead_letter(key, f"window: {type(exc).__name__}: {exc}", row)
+                continue
+            good.append((record, row, value))
+        if not good:
+            return
+        watermark = runner.low_watermark
+        if self.lift:
+            cause = min((r for r, _, _ in good), key=lambda r: r.timestamp)
+
+            def fold_and_merge(ctx: Context, _: Any) -> None:
+                partials: Partials = {}
+                for record, _row, value in good:
+                    self._fold(partials, record.timestamp, value, watermark)
+                self._merge(ctx, partials, watermark)
+
+            outcome = runner.call(key, fold_and_merge, cause)
+            if not isinstance(outcome, Exception):
+                runner.apply(key, outcome)
+                runner.count("records", len(good))
+                runner.count("window_partials", 1)
+                return
+        for record, row, value in good:  # unlifted, or a lifted call that failed
+
+            def merge_one(ctx: Context, rec: Record, value: Any = value) -> None:
+                partials: Partials = {}
+                self._fold(partials, rec.timestamp, value, watermark)
+                self._merge(ctx, partials, watermark)
+
+            runner.run_record(key, merge_one, record, row)
+
+    def process_timer(self, runner: KeyRunner, timer: Timer) -> None:
+        runner.run_timer(self._on_timer, timer)
+
+    # --- the aggregation ---------------------------------------------------------------------
+    def _fold(self, partials: Partials, timestamp: int, value: Any, watermark: int) -> None:
+        """Add one record's value to the partial of each of its windows still accepting it."""
+        combiner, lateness = self.combiner, self.allowed_lateness_ms
+        for window in self.window.assign(timestamp):
+            if window[1] + lateness <= watermark:
+                continue  # this window is past its lateness; another of the record's is not
+            acc = partials.get(window)
+            partials[window] = combiner.add(combiner.create() if acc is None else acc, value)
+
+    def _load(self, ctx: Context) -> Stored:
+        return {(s, e): [acc, fired] for s, e, acc, fired in ctx.get_state([])}
+
+    def _save(self, ctx: Context, stored: Stored) -> None:
+        if stored:
+            ctx.set_state([[s, e, acc, fired] for (s, e), (acc, fired) in sorted(stored.items())])
+        else:
+            ctx.delete_state()
+
+    def _merge(self, ctx: Context, partials: Partials, watermark: int) -> None:
+        """Merge partials into the stored windows (sessions: merging overlapping ones), then
+        re-emit each fired window a late record updated."""
+        stored = self._load(ctx)
+        combiner = self.combiner
+        updated: list[Window] = []
+        if self.window.merging:
+            self._merge_sessions(ctx, stored, partials, updated, watermark)
+        else:
+            for window, part in partials.items():
+                entry = stored.get(window)
+                if entry is None:
+                    stored[window] = [part, 0]
+                    ctx.set_timer(_tag(window), window[1])
+                    if window[1] <= watermark:
+                        ctx_count(ctx, "late_accepted")
+                else:
+                    entry[0] = combiner.merge(entry[0], part)
+                    if entry[1]:
+                        updated.append(window)
+        for window in updated:
+            if window[1] <= watermark:  # closed and emitted: re-emit now, marked
+                self._emit(ctx, window, stored[window][0], update=True)
+        self._save(ctx, stored)
+
+    def _merge_sessions(
+        self,
+        ctx: Context,
+        stored: Stored,
+        partials: Partials,
+        updated: list[Window],
+        watermark: int,
+    ) -> None:
+        """Each group of overlapping sessions (stored and new) becomes their union: one
+        accumulator, one timer; a union of a session already emitted is an update."""
+        combiner = self.combiner
+        for union, members in merge_overlapping([*stored, *partials]).items():
+            if not any(m in partials for m in members):
+                continue  # stored sessions nothing in this batch touched
+            acc: Any = None
+            fired = 0
+            for member in dict.fromkeys(members):
+                entry = stored.pop(member, None)
+                if entry is not None:
+                    acc = entry[0] if acc is None else combiner.merge(acc, entry[0])
+                    fired = fired or entry[1]
+                    if member != union:
+                        ctx.delete_timer(_tag(member))
+                part = partials.get(member)
+                if part is not None:
+                    acc = part if acc is None else combiner.merge(acc, part)
+            stored[union] = [acc, fired]
+            closed = union[1] <= watermark
+            # Emitted and still closed: re-emitted now, kept until its lateness is over. Else
+            # (new, or grown past the watermark) its end emits it.
+            lateness = self.allowed_lateness_ms if fired and closed else 0
+            ctx.set_timer(_tag(union), union[1] + lateness)
+            if fired:
+                updated.append(union)
+            elif closed:
+                ctx_count(ctx, "late_accepted")
+
+    def _on_timer(self, ctx: Context, timer: Timer) -> None:
+        """A window's end: emit it (an update if it was emitted before); keep it for late
+        records until its allowed lateness is over, then delete it."""
+        start, _, end = timer.tag.partition(":")
+        window = (int(start), int(end))
+        stored = self._load(ctx)
+        entry = stored.get(window)
+        if entry is None:
+            return  # merged into another session, or deleted
+        acc, fired = entry
+        if fired and timer.time >= window[1] + self.allowed_lateness_ms:
+            del stored[window]  # lateness over: nothing can change it any more
+        else:
+            self._emit(ctx, window, acc, update=bool(fired))
+            if self.allowed_lateness_ms > 0:
+                entry[1] = 1
+                ctx.set_timer(timer.tag, window[1] + self.allowed_lateness_ms)
+            else:
+                del stored[window]
+        self._save(ctx, stored)
+
+    def _emit(self, ctx: Context, window: Window, acc: Any, *, update: bool) -> None:
+        if update:
+            ctx_count(ctx, "window_updates")
+        else:
+            ctx_count(ctx, "windows_emitted")
+        result = self.combiner.result(acc)
+        value = {"key": ctx.key, "start": window[0], "end": window[1], "result": result}
+        value["update"] = update
+        ctx.produce(self.output, ctx.key, value, window[1])
+
+
+def ctx_count(ctx: Context, name: str) -> None:
+    """Counters an operator raises from inside a call travel with its effects (a call that is
+    retried or fails counts nothing)."""
+    ctx.counters[name] = ctx.counters.get(name, 0) + 1
