@@ -124,7 +124,9 @@ class WindowLatency:
 
     def __call__(self, seen: int, key: bytes | None, value: bytes) -> None:
         item = json.loads(value)
-        self.first_seen.setdefault((str(item["q"]), int(item["w"])), seen)
+        # A hand-written counter's {"q", "w", "n"}, or a window declaration's result.
+        query, start = (item["q"], item["w"]) if "q" in item else (item["key"], item["start"])
+        self.first_seen.setdefault((str(query), int(start)), seen)
 
     def samples(self) -> list[tuple[int, int]]:
         return [(w, seen - (w + WINDOW_MS)) for (_, w), seen in self.first_seen.items()]

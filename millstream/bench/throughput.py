@@ -1,8 +1,10 @@
 """Scenario 1, throughput: a pre-loaded topic of N events counted in 1-second windows.
 
 The same topic on the same broker is read from the beginning by, one after the other:
-millstream with exactly-once on (dedup, strong productions, transactional sink), millstream
-with `exactly_once=False`, Quix Streams 3.28.1 with `processing_guarantee="exactly-once"`, and
+millstream with exactly-once on (dedup, strong productions, transactional sink) three ways —
+the count as a hand-written `Computation` (`millstream-eo`), as a window declaration
+unlifted (`millstream-eo-window`) and lifted (`millstream-eo-lifted`) — millstream with
+`exactly_once=False`, Quix Streams 3.28.1 with `processing_guarantee="exactly-once"`, and
 a plain Spark `foreachBatch` (one `SET NX` per record id, `HINCRBY` per window count).
 
 Throughput is measured from the first progress each system reports (millstream: the window
@@ -50,6 +52,8 @@ from millstream.bench._workload import new_topic, preload
 
 NAME = "throughput"
 READ_OFF = "millstream-eo-read-off"  # the exactly-once variant, MILLSTREAM_DRIVER_READ=off
+WINDOW_OP = "millstream-eo-window"  # exactly-once, the window declaration unlifted
+LIFTED = "millstream-eo-lifted"  # exactly-once, the window declaration lifted
 REPEATS = 3  # each system's rate is the median of this many runs (1 with --quick)
 
 
@@ -97,6 +101,9 @@ def _follow(
 class Variant:
     label: str
     exactly_once: bool = True
+    # The window count as: "window" (a hand-written Computation), "window_op" (a window
+    # declaration, unlifted) or "window_lifted" (the declaration with combiner lifting).
+    what: str = "window"
     shards: int = 8
     driver_read: str | None = None  # MILLSTREAM_DRIVER_READ of this run; None: the process's
 
@@ -112,7 +119,7 @@ def run_millstream(
         app = f"bt-{uuid.uuid4().hex[:8]}"
         part = {
             "name": "window_counter",
-            "what": "window",
+            "what": variant.what,
             "exactly_once": variant.exactly_once,
             "output_topic": new_topic(bench.kafka, f"{app}-out"),
         }
@@ -168,6 +175,7 @@ def run_millstream(
             result.update(
                 system=variant.label,
                 exactly_once=variant.exactly_once,
+                window=variant.what,
                 driver_read=read,
                 master=master,
                 shards=variant.shards,
@@ -258,7 +266,12 @@ def run(bench: Bench) -> dict[str, Any]:
     say(f"{NAME}: pre-loading {events} events into {topic}")
     load = preload(bench.kafka, topic, events)
     repeats = 1 if bench.quick else REPEATS
-    variants = [Variant("millstream-eo"), Variant("millstream-no-eo", exactly_once=False)]
+    variants = [
+        Variant("millstream-eo"),
+        Variant(WINDOW_OP, what="window_op"),
+        Variant(LIFTED, what="window_lifted"),
+        Variant("millstream-no-eo", exactly_once=False),
+    ]
     if bench.driver_read == "ab":
         variants.append(Variant(READ_OFF, driver_read="off"))
     # Interleaved (eo, no-eo, [eo-read-off,] eo, ...) in one process, so drift in the machine's
@@ -277,6 +290,9 @@ def run(bench: Bench) -> dict[str, Any]:
         "millstream_eo/millstream_no_eo": ratio("millstream-eo", "millstream-no-eo"),
         "millstream_eo/quix": ratio("millstream-eo", "quix"),
         "millstream_eo/plain_spark": ratio("millstream-eo", "plain-spark"),
+        "millstream_eo_window/quix": ratio(WINDOW_OP, "quix"),
+        "millstream_eo_lifted/quix": ratio(LIFTED, "quix"),
+        "millstream_eo_lifted/millstream_eo": ratio(LIFTED, "millstream-eo"),
     }
     if READ_OFF in by:
         ratios["millstream_eo_read_off/millstream_eo"] = ratio(READ_OFF, "millstream-eo")
@@ -286,6 +302,7 @@ def run(bench: Bench) -> dict[str, Any]:
         "driver read = MILLSTREAM_DRIVER_READ of the millstream rows",
         [
             "system",
+            "window count as",
             "exactly-once",
             "driver read",
             "events/s (median)",
@@ -298,6 +315,7 @@ def run(bench: Bench) -> dict[str, Any]:
         [
             [
                 r["system"],
+                r.get("window", "-"),
                 "yes" if r["exactly_once"] else "no",
                 r.get("driver_read", "-"),
                 r["events_per_s"],

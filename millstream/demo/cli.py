@@ -308,7 +308,7 @@ def _series(
     counts: dict[str, dict[int, int]] = {}
     for raw in windows:
         item = json.loads(raw)
-        counts.setdefault(item["q"], {})[item["w"]] = item["n"]
+        counts.setdefault(item["key"], {})[item["start"]] = item["result"]
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for kind in ("spike", "dip"):
         episode = next((e for e in plan.episodes if e.kind == kind), None)

@@ -73,6 +73,6 @@ class ResultWatcher(threading.Thread):
                     continue
                 seen = time.time_ns() // 1_000_000
                 item = json.loads(message.value() or b"{}")
-                self.first_seen.setdefault((item["q"], item["w"]), seen)
+                self.first_seen.setdefault((item["key"], item["start"]), seen)
         finally:
             self.consumer.close()

@@ -2,6 +2,11 @@
 
 queries -> window_counter -> window_counts -> model_calculator -> model_updates
         -> spike_detector, dip_detector -> anomalies
+
+`window_counter` is a window declaration: each query's count per 1-second window, produced
+once when the low watermark passes the window's end, stamped at that end (MillWheel's Figure
+9: no earlier than what caused it, so it is on time downstream), as
+`{"key": query, "start", "end", "result": count, "update": false}`.
 """
 
 from __future__ import annotations
@@ -10,7 +15,17 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from millstream import Computation, Context, Record, Source, Timer, Topology, json_field
+from millstream import (
+    Computation,
+    Context,
+    Count,
+    Record,
+    Source,
+    Timer,
+    Topology,
+    Tumbling,
+    json_field,
+)
 
 WINDOW_MS = 1000
 ALPHA = 0.1  # weight of the newest second in the per-query model
@@ -18,34 +33,12 @@ DIP_GAP_MS = 3000  # an active query silent for this long is dipping
 SPIKE_COOLDOWN_MS = 30_000
 
 
-class WindowCounter(Computation):
-    """Counts each query per 1-second window; a low-watermark timer closes each window."""
-
-    def process_record(self, ctx: Context, record: Record) -> None:
-        window = record.timestamp - record.timestamp % WINDOW_MS
-        counts = ctx.get_state({})
-        counts[str(window)] = counts.get(str(window), 0) + 1
-        ctx.set_state(counts)
-        ctx.set_timer(str(window), window + WINDOW_MS)  # fires once the watermark passes it
-
-    def process_timer(self, ctx: Context, timer: Timer) -> None:
-        counts = ctx.get_state({})
-        count = counts.pop(timer.tag, 0)
-        window = int(timer.tag)
-        # Stamped with the timer's time, the window's end (MillWheel's Figure 9): no earlier
-        # than what caused it, so it is on time downstream. The window's start is in "w".
-        ctx.produce("window_counts", ctx.key, {"q": ctx.key, "w": window, "n": count})
-        if counts:
-            ctx.set_state(counts)
-        else:
-            ctx.delete_state()
-
-
 class ModelCalculator(Computation):
     """Keeps a long-lived model per query: a moving average of its per-second count."""
 
     def process_record(self, ctx: Context, record: Record) -> None:
-        window = json.loads(record.value)
+        count = json.loads(record.value)
+        window = {"q": count["key"], "w": count["start"], "n": count["result"]}
         model = ctx.get_state({"avg": 0.0, "seen": 0, "last": None})
         if model["last"] is not None:  # seconds without traffic count as zeros
             silent = max(0, (window["w"] - model["last"]) // WINDOW_MS - 1)
@@ -107,11 +100,13 @@ def build(
     topology = Topology(app)
     topology.source("queries", *sources.values())
     by_query = json_field("q")
-    topology.computation(
+    topology.window(
         "window_counter",
-        WindowCounter(),
-        inputs={"queries": by_query},
-        outputs=["window_counts"],
+        stream="queries",
+        key=by_query,
+        window=Tumbling(WINDOW_MS),
+        aggregate=Count(),
+        output="window_counts",
         shards=shards,
     )
     topology.computation(

@@ -59,8 +59,8 @@ def verify(
     observed: dict[tuple[str, int], int] = {}
     for raw in window_records:
         item = json.loads(raw)
-        seen[(item["q"], item["w"])] += 1
-        observed[(item["q"], item["w"])] = item["n"]
+        seen[(item["key"], item["start"])] += 1
+        observed[(item["key"], item["start"])] = item["result"]
     doubled = [k for k, n in seen.items() if n > 1]
     verdict.add(
         "no window count emitted twice",

@@ -83,7 +83,9 @@ def latency(
     }
 
 
-def throughput(eo: float | None = 20_000.0, quix: float | None = 16_000.0) -> dict[str, Any]:
+def throughput(
+    eo: float | None = 20_000.0, quix: float | None = 16_000.0, lifted: float | None = 40_000.0
+) -> dict[str, Any]:
     def row(system: str, rate: float | None, rss: float) -> dict[str, Any]:
         return {
             "system": system,
@@ -99,6 +101,8 @@ def throughput(eo: float | None = 20_000.0, quix: float | None = 16_000.0) -> di
         "events": 200_000,
         "runs": [
             row("millstream-eo", eo, 2000.0),
+            row("millstream-eo-window", 18_000.0, 2000.0),
+            row("millstream-eo-lifted", lifted, 2000.0),
             row("millstream-no-eo", 24_000.0, 2000.0),
             row("quix", quix, 145.0),
         ],
@@ -117,13 +121,14 @@ def test_one_entry_per_target_with_the_required_fields() -> None:
             "throughput": throughput(),
         }
     )
-    assert len(entries) == 7
+    assert len(entries) == 8
     for e in entries:
         assert {"name", "measured", "goal", "met", "detail", "baseline", "baseline_source"} <= (
             e.keys()
         )
         assert "benchmarks/results/fused-ab" in e["baseline_source"]
-        assert "benchmarks/results/fused-ab" in e["detail"]  # the entry says where it comes from
+        if e["baseline"] is not None:  # the entry says where its baseline comes from
+            assert "benchmarks/results/fused-ab" in e["detail"]
         assert "queries" not in e  # no second runtime in the run
     json.dumps(entries)  # written as JSON
 
@@ -201,14 +206,29 @@ def test_latency_without_a_floor_figure_is_not_measured() -> None:
 
 
 def test_throughput_is_judged_against_quix_with_the_aim_stated() -> None:
-    (entry,) = targets.throughput_targets(throughput(eo=20_000.0, quix=16_000.0))
+    (entry, _) = targets.throughput_targets(throughput(eo=20_000.0, quix=16_000.0))
     assert entry["measured"] == 1.25 and entry["goal"] == 1.0 and entry["met"] is True
     assert entry["baseline"] == round(5044.0 / 11943.1, 3) and entry["baseline_met"] is False
     assert entry["aim"] == 2.0 and "(not reached)" in entry["detail"]
-    (slow,) = targets.throughput_targets(throughput(eo=12_000.0, quix=16_000.0))
+    (slow, _) = targets.throughput_targets(throughput(eo=12_000.0, quix=16_000.0))
     assert slow["measured"] == 0.75 and slow["met"] is False
     assert "Missed by 0.25 x" in slow["detail"]
     assert slow["profile"] == {"batches": None, "spark_triggers": SPARK}
+
+
+def test_the_lifted_window_is_judged_against_twice_quix_with_the_other_paths_beside() -> None:
+    (_, entry) = targets.throughput_targets(throughput(lifted=40_000.0, quix=16_000.0))
+    assert entry["name"] == targets.LIFTED_NAME
+    assert entry["measured"] == 2.5 and entry["goal"] == 2.0 and entry["met"] is True
+    assert entry["unlifted_events_per_s"] == 18_000.0
+    assert entry["hand_written_events_per_s"] == 20_000.0
+    (_, slow) = targets.throughput_targets(throughput(lifted=24_000.0, quix=16_000.0))
+    assert slow["measured"] == 1.5 and slow["met"] is False
+    assert "Missed by 0.5 x" in slow["detail"]
+    (_, absent) = targets.throughput_targets(
+        {"runs": [r for r in throughput()["runs"] if r["system"] != "millstream-eo-lifted"]}
+    )
+    assert absent["measured"] is None and "no millstream-eo-lifted row" in absent["detail"]
 
 
 def test_peak_rss_is_judged_against_the_issues_figure_with_the_recorded_baseline() -> None:
@@ -236,7 +256,7 @@ def test_peak_rss_is_judged_against_the_issues_figure_with_the_recorded_baseline
 
 def test_targets_of_scenarios_not_run_are_null_never_invented() -> None:
     entries = targets.compute({"dedup": {"rows": []}})
-    assert len(entries) == 7
+    assert len(entries) == 8
     for e in entries:
         assert e["measured"] is None and e["met"] is None
         assert e["detail"].startswith("not measured in this run")
@@ -572,6 +592,8 @@ def test_driver_read_ab_interleaves_a_read_off_throughput_variant(
     result = tp.run(bench)
     assert seen == [
         ("millstream-eo", None),
+        (tp.WINDOW_OP, None),
+        (tp.LIFTED, None),
         ("millstream-no-eo", None),
         (tp.READ_OFF, "off"),
     ]
