@@ -10,7 +10,10 @@ computation's operator at the points it names:
 - `process_key(runner, key, batch)`: a key's fresh, valid, not-expired records, in
   arrival order: where a windowed aggregation folds them into one partial accumulator per
   window before touching state (combiner lifting);
-- `process_timer(runner, timer)`: a due timer, in firing order;
+- `process_timer(runner, timer)`: a due timer, in firing order; or, for an operator with
+  `timers_per_key`, `process_timers(runner, key, timers)`: a key's due timers at once, in
+  firing order (a window's firing never moves another window's timer, so a key's windows
+  closing in one batch cost one state decode and encode);
 - `before_commit(runner)`: once per shard batch, before the one guarded commit.
 
 Every effect goes through the `KeyRunner` into the shard's transaction, committed with the
@@ -39,9 +42,13 @@ class Operator:
     # The `late` options this operator accepts ("flag" hands a late record to user code,
     # which only a hand-written computation can do something with).
     late_policies: tuple[str, ...] = ("drop", "flag", "dead-letter")
+    # True: the shard task hands a key's due timers over at once (`process_timers`); only
+    # for an operator whose firings never move or delete the key's other due timers.
+    timers_per_key = False
 
     def expired(self, record: Record, watermark: int) -> bool:
-        """Late: behind the input low watermark (records at or after it are on time)."""
+        """Late: behind the input low watermark. Asked only of records behind it (a record at
+        or after the watermark is on time for every operator)."""
         return record.timestamp < watermark
 
     def after_load(self, runner: KeyRunner, keys: Sequence[str]) -> None:
@@ -52,6 +59,11 @@ class Operator:
 
     def process_timer(self, runner: KeyRunner, timer: Timer) -> None:
         """A due timer of `timer.key`; does nothing unless overridden."""
+
+    def process_timers(self, runner: KeyRunner, key: str, timers: Sequence[Timer]) -> None:
+        """A key's due timers, in firing order (`timers_per_key` operators)."""
+        for timer in timers:
+            self.process_timer(runner, timer)
 
     def before_commit(self, runner: KeyRunner) -> None:
         """Once per shard batch, before the commit."""

@@ -255,6 +255,16 @@ def fire_timers(operator: Operator, runner: KeyRunner, txn: Any, due: list[Timer
     """3. Due timers, before the records: each has time <= W (the batch's input watermark)
     while every on-time record of the batch has timestamp >= W, so in event time they come
     first. A timer an earlier firing of this batch moved or deleted does not fire."""
+    if operator.timers_per_key:
+        by_key: dict[str, list[Timer]] = {}
+        for timer in firing_order(due):
+            if _still_set(txn, timer):
+                by_key.setdefault(timer.key, []).append(timer)
+        for key, timers in by_key.items():
+            for timer in timers:
+                txn.delete_timer(key, timer.tag)
+            operator.process_timers(runner, key, timers)
+        return
     for timer in firing_order(due):
         if not _still_set(txn, timer):
             continue
@@ -295,7 +305,7 @@ def run_records(
         if error is not None:
             runner.dead_letter(record.key, error, item.row)
             continue
-        if record.timestamp is not None and operator.expired(record, wm):
+        if record.timestamp is not None and record.timestamp < wm and operator.expired(record, wm):
             runner.count("late")
             runner.count(f"late:{record.stream}")  # per injected stream
             if spec.options.late == "drop":

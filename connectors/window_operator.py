@@ -20,6 +20,7 @@ letters.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from millstream.connectors.combiners import Combiner
@@ -44,6 +45,7 @@ class WindowOperator(Operator):
     `output`."""
 
     late_policies = ("drop", "dead-letter")
+    timers_per_key = True  # closing a window never moves another window's timer
 
     def __init__(
         self,
@@ -67,8 +69,7 @@ class WindowOperator(Operator):
     # --- hooks -------------------------------------------------------------------------------
     def expired(self, record: Record, watermark: int) -> bool:
         """Every window of the record is past its end plus the allowed lateness."""
-        last_end = max(end for _, end in self.window.assign(record.timestamp))
-        return last_end + self.allowed_lateness_ms <= watermark
+        return self.window.last_end(record.timestamp) + self.allowed_lateness_ms <= watermark
 
     def process_key(self, runner: KeyRunner, key: str, batch: KeyBatch) -> None:
         good: list[tuple[Record, tuple, Any]] = []
@@ -108,6 +109,28 @@ class WindowOperator(Operator):
 
     def process_timer(self, runner: KeyRunner, timer: Timer) -> None:
         runner.run_timer(self._on_timer, timer)
+
+    def process_timers(self, runner: KeyRunner, key: str, timers: Sequence[Timer]) -> None:
+        """A key's windows closing in this batch: one call, one state decode and encode (each
+        result stamped at its window's end, at or after the first timer's time). Should it
+        fail, each timer fires on its own, so only a failing window is a dead letter."""
+        if len(timers) == 1:
+            runner.run_timer(self._on_timer, timers[0])
+            return
+
+        def close_all(ctx: Context, _: Any) -> None:
+            stored = self._load(ctx)
+            for timer in timers:
+                self._close(ctx, stored, timer)
+            self._save(ctx, stored)
+
+        outcome = runner.call(key, close_all, timers[0])
+        if isinstance(outcome, Exception):
+            for timer in timers:
+                runner.run_timer(self._on_timer, timer)
+            return
+        runner.apply(key, outcome)
+        runner.count("timers_fired", len(timers))
 
     # --- the aggregation ---------------------------------------------------------------------
     def _fold(self, partials: Partials, timestamp: int, value: Any, watermark: int) -> None:
@@ -191,25 +214,28 @@ class WindowOperator(Operator):
                 ctx_count(ctx, "late_accepted")
 
     def _on_timer(self, ctx: Context, timer: Timer) -> None:
+        stored = self._load(ctx)
+        self._close(ctx, stored, timer)
+        self._save(ctx, stored)
+
+    def _close(self, ctx: Context, stored: Stored, timer: Timer) -> None:
         """A window's end: emit it (an update if it was emitted before); keep it for late
         records until its allowed lateness is over, then delete it."""
         start, _, end = timer.tag.partition(":")
         window = (int(start), int(end))
-        stored = self._load(ctx)
         entry = stored.get(window)
         if entry is None:
             return  # merged into another session, or deleted
         acc, fired = entry
         if fired and timer.time >= window[1] + self.allowed_lateness_ms:
             del stored[window]  # lateness over: nothing can change it any more
+            return
+        self._emit(ctx, window, acc, update=bool(fired))
+        if self.allowed_lateness_ms > 0:
+            entry[1] = 1
+            ctx.set_timer(timer.tag, window[1] + self.allowed_lateness_ms)
         else:
-            self._emit(ctx, window, acc, update=bool(fired))
-            if self.allowed_lateness_ms > 0:
-                entry[1] = 1
-                ctx.set_timer(timer.tag, window[1] + self.allowed_lateness_ms)
-            else:
-                del stored[window]
-        self._save(ctx, stored)
+            del stored[window]
 
     def _emit(self, ctx: Context, window: Window, acc: Any, *, update: bool) -> None:
         if update:

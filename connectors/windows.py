@@ -24,6 +24,10 @@ class WindowKind:
     def assign(self, timestamp: int) -> list[Window]:
         raise NotImplementedError
 
+    def last_end(self, timestamp: int) -> int:
+        """The latest end among the record's windows (whether any still accepts it)."""
+        return max(end for _, end in self.assign(timestamp))
+
     def describe(self) -> str:
         raise NotImplementedError
 
@@ -46,6 +50,9 @@ class Tumbling(WindowKind):
     def assign(self, timestamp: int) -> list[Window]:
         start = timestamp - timestamp % self.size_ms
         return [(start, start + self.size_ms)]
+
+    def last_end(self, timestamp: int) -> int:
+        return timestamp - timestamp % self.size_ms + self.size_ms
 
     def describe(self) -> str:
         return f"tumbling {self.size_ms} ms"
@@ -73,6 +80,9 @@ class Hopping(WindowKind):
         starts = range(last, timestamp - self.size_ms, -self.every_ms)
         return [(s, s + self.size_ms) for s in reversed(starts)]
 
+    def last_end(self, timestamp: int) -> int:
+        return timestamp - timestamp % self.every_ms + self.size_ms
+
     def describe(self) -> str:
         return f"hopping {self.size_ms} ms every {self.every_ms} ms"
 
@@ -90,6 +100,9 @@ class Session(WindowKind):
 
     def assign(self, timestamp: int) -> list[Window]:
         return [(timestamp, timestamp + self.gap_ms)]
+
+    def last_end(self, timestamp: int) -> int:
+        return timestamp + self.gap_ms
 
     def describe(self) -> str:
         return f"session gap {self.gap_ms} ms"
