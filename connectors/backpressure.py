@@ -14,8 +14,12 @@ below the limit plus one batch's productions. Nothing is lost: the micro-batch w
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +32,7 @@ from millstream.errors import ConfigurationError, FencedError, MillstreamError
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardStore
+from millstream.state.watermarks import now_ms
 
 log = logging.getLogger(__name__)
 FIRST_PAUSE_S = 0.5
@@ -102,3 +107,78 @@ def targets_of(deliveries: Mapping[str, Sequence[Any]], streams: set[str]) -> st
             what = type(sink).__name__ if sink is not None else f"topic {topic}"
             names.append(f"{stream} -> {what}")
     return ", ".join(names) or "(none)"
+
+
+def hold_while_backlogged(
+    stages: Sequence[Any],
+    app: str,
+    client: Any,
+    limit: int,
+    plan_of: Callable[[Any], BatchPlan],
+    pool: Executor,
+    still_running: Callable[[], bool],
+    batch_id: int,
+) -> None:
+    """Before a batch: while a shard of a stage (`connectors.stage_plan.Stage`) holds more
+    than `limit` checkpoints bound outside (its sink is down or slow), take no new input:
+    re-deliver them from here (`plan_of(stage)`, shards in `pool`), with backoff, until every
+    shard is under the limit. Checkpoints that consumers here still have to see wait for the
+    batch's hand-over: they never block it (so a stream both consumed here and sunk outside
+    gets no backpressure yet)."""
+    for stage in stages:
+        if not any(stage.targets.values()):
+            continue
+        keys = stage.keys(app)
+        counts = pending_counts(client, keys)
+        if max(counts, default=0) <= limit:
+            continue
+        # Streams bound only outside: one also consumed here is acknowledged only after its
+        # hand-over, in a batch.
+        outside = frozenset(s for s, t in stage.targets.items() if t and s not in stage.consumers)
+        started, pause, last_log, error = time.monotonic(), FIRST_PAUSE_S, 0.0, None
+        while True:
+            if not still_running():
+                raise MillstreamError(
+                    f"application {app!r} was stopped while waiting for its targets; "
+                    f"micro-batch {batch_id} stays unprocessed and runs on restart"
+                )
+            plan = plan_of(stage)
+            over = [s for s, n in enumerate(counts) if n > limit]
+            drain = functools.partial(drain_shard, plan, stage.spec, only=outside)
+            drained = list(pool.map(drain, over))
+            error = next((d.error for d in drained if d.error), error)
+            counts = pending_counts(client, keys)
+            if max(counts) <= limit or not any(d.pending for d in drained):
+                break  # under the limit, or what is left waits for the hand-over
+            if time.monotonic() - last_log >= LOG_EVERY_S:
+                last_log = time.monotonic()
+                log.warning(
+                    "computation %s is waiting on target(s) %s: %d productions pending "
+                    "(MILLSTREAM_MAX_PENDING_PRODUCTIONS=%d per shard); not taking new "
+                    "input for %.0fs%s",
+                    stage.name,
+                    targets_of(stage.targets, {s for d in drained for s in d.streams}),
+                    sum(counts),
+                    limit,
+                    time.monotonic() - started,
+                    f"; last error: {error}" if error else "",
+                )
+                since = now_ms() - int((time.monotonic() - started) * 1000)
+                client.hset(
+                    stage.metrics_key,
+                    "backpressure",
+                    json.dumps({"since": since, "pending": counts}),
+                )
+            time.sleep(pause)
+            pause = min(MAX_PAUSE_S, pause * 2)
+        waited = time.monotonic() - started
+        pipe = client.pipeline(transaction=False)
+        pipe.hincrby(stage.metrics_key, "backpressure_waits", 1)
+        pipe.hincrbyfloat(stage.metrics_key, "backpressure_seconds", round(waited, 3))
+        pipe.hdel(stage.metrics_key, "backpressure")
+        pipe.execute()
+        log.warning(
+            "computation %s: targets accept productions again after %.1fs; taking new input",
+            stage.name,
+            waited,
+        )

@@ -35,9 +35,6 @@ class BatchPlan:
     # clock opens windows or timers that would never close.
     max_record_bytes: int = 1 << 20
     max_future_ms: int = 86_400_000
-    # False: shard tasks commit and hand their checkpointed productions back to the driver,
-    # which hands them over, delivers and acknowledges them (connectors/fused.py).
-    deliver_in_task: bool = True
     # The computation's published low watermark when the batch was planned: a watermark hold
     # set behind it could not be honoured (see Context.set_timer).
     output_watermark: int = UNKNOWN

@@ -6,7 +6,7 @@
 hand-written `Computation`, a window, ...) is called at those points and writes through a
 `KeyRunner`; the protocol around it is the same for all. The task returns its checkpointed
 productions with its lease, and the driver hands them over, delivers and acknowledges them
-(`connectors/fused.py`). Weak productions are delivered before the commit (`deliver_weak`).
+(`connectors/settlement.py`). Weak productions are delivered before the commit (`deliver_weak`).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class ShardResult:
     round_trips: int = 0
     fenced_retries: int = 0
     seconds: float = 0.0
-    # Delivered by the driver (connectors/fused.py): the checkpointed productions
+    # Delivered by the driver (connectors/settlement.py): the checkpointed productions
     # still to deliver, how many of them an earlier owner left, and the lease this task
     # committed under (token, version, next seq), which guards the driver's acknowledgement.
     outstanding: list[Production] = field(default_factory=list)

@@ -138,11 +138,3 @@ def _tls_problem(url: str, exc: BaseException) -> MillstreamError | None:
 
 def is_cluster(client: RedisClient) -> bool:
     return isinstance(client, RedisCluster)
-
-
-def reset_clients() -> None:
-    """Forget cached clients (tests that restart Redis on a new port)."""
-    with _LOCK:
-        for client in _CLIENTS.values():
-            client.close()
-        _CLIENTS.clear()

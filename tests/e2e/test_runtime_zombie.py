@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 
 from millstream import Computation, Context, FencedError, Record, Topology, json_field
-from millstream.connectors.fused import FusedRunner, _Done
+from millstream.connectors.fused import FusedRunner
 from millstream.connectors.plan import TaskInput
 from millstream.connectors.routing import route
+from millstream.connectors.settlement import Done, hand_over
 from millstream.connectors.shard_task import run_shard
 from millstream.connectors.targets import Endpoints
 from millstream.connectors.topics import ensure_topics
@@ -178,13 +179,13 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
     tally = runner.stages["tally"]
 
     def plan_batch(batch_id: int) -> Any:
-        input_wm = runner._input_watermark(stage, runner._injected_watermarks(), {})
+        input_wm = runner.watermarks.input(stage, runner.watermarks.injected(), {})
         return runner._plan(stage, batch_id, input_wm, now_ms())
 
     def run_tally(batch_id: int, results: list[Any]) -> dict[str, int]:
         """Stage B of the batch: A's results handed over, routed, run, settled."""
         handed: dict[str, list[tuple]] = {}
-        runner._hand_over(stage, plan, results, handed)
+        hand_over(stage, plan, results, handed)
         inputs = runner._route(tally, {}, handed)
         b_plan = runner._plan(tally, batch_id, NONE_KNOWN, now_ms())
         counters: Counter[str] = Counter()
@@ -253,7 +254,7 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
 
     # The driver settles the copy's result: delivered, but its lease was fenced by the zombie's
     # re-acquire, so the acknowledgement is refused and the checkpoints stay.
-    settled = runner._deliver_and_acknowledge([_Done(stage, plan, copy_result)])
+    settled = runner.settlement.finish([Done(stage, plan, copy_result)])
     assert settled["counter"].get("acks_fenced") == 1, settled
     assert redis_client.hlen(keys.productions) == unique_in_victim
 
@@ -261,7 +262,7 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
     rest = [run_shard(plan, spec, shard, by_shard[shard]) for shard in range(SHARDS)]
     rest = [r for r in rest if r.shard != victim]
     run_tally(0, rest)
-    runner._deliver_and_acknowledge([_Done(stage, plan, r) for r in rest])
+    runner.settlement.finish([Done(stage, plan, r) for r in rest])
     assert shard_states(redis_client, app_name, "counter", SHARDS) == dict(truth)
     # The shard's next batch (no input: its pending checkpoints make it busy) hands them over
     # again, and B drops them as replays (same id, same position); then they are delivered
@@ -271,7 +272,7 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
     assert len(again.outstanding) == unique_in_victim and again.redelivered == unique_in_victim
     replayed = run_tally(1, [again])
     assert replayed.get("records", 0) == 0 and replayed["replays"] == unique_in_victim, replayed
-    settled = runner._deliver_and_acknowledge([_Done(stage, next_plan, again)])
+    settled = runner.settlement.finish([Done(stage, next_plan, again)])
     assert "acks_fenced" not in settled["counter"], settled
     assert redis_client.hlen(keys.productions) == 0
     # B applied every event exactly once, although A's zombie woke after B's commit.

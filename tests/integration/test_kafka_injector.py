@@ -535,7 +535,7 @@ def test_driver_rows_are_the_rows_spark_reads(
     as Arrow (`read_range`): the same rows, ids, headers and error rows, in the same order.
     Covers derived and header ids, a missing id header, headers with duplicates and nulls,
     records without headers, and a missing timestamp (an error row)."""
-    from millstream.connectors.fused import _rows
+    from millstream.connectors.driver_read import rows_of as _rows
     from millstream.injectors._kafka_options import KafkaInjectorOptions
     from millstream.injectors._kafka_read import read_range, read_range_rows
 
@@ -571,7 +571,7 @@ def test_driver_batch_read_reads_partitions_at_once_with_the_rows_spark_reads(
     """`read_batch` (the fused runtime's driver read) reads a batch's partitions at once, each
     with a consumer of its own: the rows are those Spark's tasks read, partition after
     partition in the batch's order, and a second batch continues where the first ended."""
-    from millstream.connectors.fused import _rows
+    from millstream.connectors.driver_read import rows_of as _rows
     from millstream.injectors._kafka_options import KafkaInjectorOptions
     from millstream.injectors._kafka_read import read_range
     from millstream.injectors.kafka import batch_ranges, read_batch

@@ -107,7 +107,6 @@ def _plan(app: str, redis_url: str, before: int, end: int | None, batch_id: int)
         internal_inputs=frozenset(),
         deliveries={},
         in_flight_streams=frozenset(),
-        deliver_in_task=False,
         end_watermark=None if end is None else Watermark(end, end),
     )
 

@@ -65,13 +65,13 @@ def test_in_flight_records_in_partition_6_of_8_hold_the_consumer(
     # `down` added later runs in a query of its own, reading `mid` from its topic.
     runner = FusedRunner(topology, settings, ends, ["down"], segment="down")
     runner.read_partitions()
-    assert runner.partitions == {"mid": 8}
+    assert runner.watermarks.partitions == {"mid": 8}
     stage = runner.stages["down"]
 
     authority = WatermarkAuthority(connect(redis_url), app)
     authority.publish("up", Watermark(10_000, 10_000))
     authority.add_in_flight("mid", [(6, 41, Watermark(500, 510))], token="batch-1")
-    assert runner._input_watermark(stage, {}, {}) == Watermark(500, 510)
+    assert runner.watermarks.input(stage, {}, {}) == Watermark(500, 510)
     # Once the consumer has read past offset 41 of partition 6, only the producer holds it.
     connect(redis_url).hset(app_key(app, "consumed", "down", "mid"), mapping={6: 42})
-    assert runner._input_watermark(stage, {}, {}) == Watermark(10_000, 10_000)
+    assert runner.watermarks.input(stage, {}, {}) == Watermark(10_000, 10_000)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from millstream.connectors.app import endpoints
-from millstream.connectors.fused import FusedRunner
+from millstream.connectors.query_sources import kafka_options
+from millstream.connectors.stage_plan import PlanContext, targets_of
 from millstream.connectors.targets import Endpoints, InternalStreamSink
 from millstream.connectors.topics import ensure_topics
 from millstream.demo.worker import topology_from
@@ -100,9 +100,8 @@ def test_driver_endpoints_carry_the_extras(ends: Endpoints) -> None:
 
 def test_injector_options_reach_the_executor_consumers(ends: Endpoints) -> None:
     """Driver -> `millstream-kafka` options -> parsed on the executor -> librdkafka config."""
-    runner = SimpleNamespace(endpoints=ends, settings=Settings.from_env(ENV))
     reader = RecordingReader()
-    reader.options.update(FusedRunner._kafka_options(runner))  # type: ignore[arg-type]
+    reader.options.update(kafka_options(Settings.from_env(ENV), ends))
     assert reader.options["bootstrap.servers"] == BOOTSTRAP
     assert {k: reader.options.get(f"kafka.{k}") for k in SECURITY} == SECURITY
 
@@ -124,11 +123,8 @@ def test_internal_stream_and_dead_letter_producers_carry_the_extras(ends: Endpoi
     (window counts as read by a computation of another query, so written to their topic)."""
     topology = topology_from(DEMO_CONFIG)
     spec = topology.computations["window_counter"]
-    runner = SimpleNamespace(endpoints=ends, topology=topology)
-    deliveries = {
-        s: FusedRunner._targets(runner, s, [], True)  # type: ignore[arg-type]
-        for s in spec.outputs
-    }
+    plan = PlanContext(topology, Settings(), ends)
+    deliveries = {s: targets_of(plan, s, False, True) for s in spec.outputs}
     factories = [t.factory for targets in deliveries.values() for t in targets]
     internal = [f for f in factories if isinstance(f, InternalStreamSink)]
     assert {f.topic for f in internal} == {

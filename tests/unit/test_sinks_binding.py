@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from millstream import Computation, Context, Record, Topology, kafka_source
-from millstream.connectors.fused import FusedRunner
+from millstream.connectors.stage_plan import PlanContext, targets_of
 from millstream.connectors.targets import Endpoints, UserSink
 from millstream.errors import ConfigurationError
 from millstream.records import Production
+from millstream.settings import Settings
 from millstream.sinks.base import ShardRef, Sink, bind_sink
 from millstream.sinks.file_sink import FileSink
 from millstream.sinks.kafka_idempotent import KafkaIdempotentSink
@@ -102,16 +103,14 @@ class Echo(Computation):
 
 
 def test_the_runtime_binds_user_sinks_to_the_endpoints_kafka() -> None:
-    """`FusedRunner` wiring: the target the driver delivers to carries the bound sink."""
+    """The plan's wiring: the target the driver delivers to carries the bound sink."""
     declared = KafkaTransactionalSink(topic="out-topic")
     topology = Topology("app")
     topology.source("in", kafka_source("in"))
     topology.computation("echo", Echo(), inputs=["in"], outputs=["out"])
     topology.sink("out", declared)
-    runner = SimpleNamespace(
-        endpoints=Endpoints("redis://127.0.0.1:9/0", dict(APP_KAFKA)), topology=topology
-    )
-    targets = FusedRunner._targets(runner, "out", [], False)  # type: ignore[arg-type]
+    ends = Endpoints("redis://127.0.0.1:9/0", dict(APP_KAFKA))
+    targets = targets_of(PlanContext(topology, Settings(), ends), "out", False, False)
     (factory,) = [t.factory for t in targets]
     assert isinstance(factory, UserSink)
     sink = pickle.loads(pickle.dumps(factory))()

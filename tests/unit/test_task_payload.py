@@ -16,8 +16,8 @@ from millstream import (
     json_format,
     kafka_source,
 )
-from millstream.connectors.fused import _task_payload
 from millstream.connectors.plan import TaskInput
+from millstream.connectors.shard_jobs import task_payload as _task_payload
 
 
 @dataclass
@@ -73,7 +73,7 @@ def test_rows_travel_as_plain_tuples_and_only_avro_decoded_values_with_them() ->
 
 
 def test_shards_are_grouped_into_tasks_of_about_equal_rows() -> None:
-    from millstream.connectors.fused import balanced_groups
+    from millstream.connectors.shard_jobs import balanced_groups
 
     rows = {0: 2220, 1: 2876, 2: 1078, 3: 2058, 4: 5969, 5: 1856, 6: 2320, 7: 1623}
     groups = balanced_groups(list(rows), rows, 2)

@@ -1,0 +1,77 @@
+"""What a fused query reads: its injectors' options, and the topics of streams that
+computations of other queries produce, as the `(format, options)` of each Spark source."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from millstream.connectors.stage_plan import Stage
+from millstream.connectors.targets import Endpoints
+from millstream.connectors.topology import Topology
+from millstream.settings import Settings
+
+
+def kafka_options(settings: Settings, endpoints: Endpoints) -> dict[str, str]:
+    """A Kafka source's connection (every extra librdkafka setting as `kafka.<name>`)."""
+    kafka = dict(endpoints.kafka)
+    options = {
+        "bootstrap.servers": kafka.pop("bootstrap.servers"),
+        "maxFutureMs": str(settings.max_future_ms),
+    }
+    options.update({f"kafka.{key}": value for key, value in kafka.items()})
+    return options
+
+
+def tick_options(settings: Settings) -> dict[str, str]:
+    """The clock tick that gives timers batches, and the admission control per batch."""
+    return {
+        "tickMs": str(max(100, settings.trigger_ms)),
+        "maxRecordsPerTrigger": str(settings.max_records_per_batch),
+    }
+
+
+def source_options(
+    topology: Topology,
+    settings: Settings,
+    endpoints: Endpoints,
+    stages: Mapping[str, Stage],
+    injected: Sequence[str],
+    topic_inputs: Sequence[str],
+    instance: Callable[[str], str],
+) -> list[tuple[str, dict[str, str]]]:
+    """Each source, in the order the query unions them: every injector of the `injected`
+    streams (its instance named by `instance(source name)`: each query reads from its own
+    positions), then the topic of each of `topic_inputs`."""
+    sources: list[tuple[str, dict[str, str]]] = []
+    for stream in injected:
+        for src in topology.sources[stream]:
+            options = dict(src.options)
+            if src.format == "millstream-kafka":
+                options.update(kafka_options(settings, endpoints))
+            options.update(tick_options(settings))
+            options.update(
+                {
+                    "stream": stream,
+                    "instance": instance(src.name),
+                    "app": topology.app,
+                    "redis.url": endpoints.redis_url,
+                    "idleSlackMs": str(settings.idle_slack_ms),
+                    "outageGraceMs": str(settings.outage_grace_ms),
+                }
+            )
+            sources.append((src.format, options))
+    for stream in topic_inputs:
+        start = next(
+            (s.spec.options.start for s in stages.values() if stream in s.topic_inputs),
+            "latest",
+        )
+        options = {
+            **kafka_options(settings, endpoints),
+            **tick_options(settings),
+            "stream": stream,
+            "topics": topology.topic_of(stream),
+            "startingOffsets": start,
+            "idHeader": "ms-id",
+        }
+        sources.append(("millstream-kafka", options))
+    return sources
