@@ -111,6 +111,34 @@ FORMATS = ("jsonl", "text")
 MISSING_TIMESTAMP = ("error", "system")
 TAIL_WATERMARK = ("creation", "clock")
 
+# Documented name -> meaning (README's injector section lists them all); an unknown option is
+# refused with this list, so a misspelt one never silently falls back to its default.
+OPTIONS: dict[str, str] = {
+    "path": "directory to watch (required, must exist)",
+    "stream": "stream name of the injected records (required; the runtime sets it)",
+    "pattern": "file-name glob of the files to pick up (default *.log)",
+    "format": "jsonl (default) or text (value = the line, no key, timestamp = system time)",
+    "parser": "module:function(line bytes) -> (key, timestamp ms, value); excludes format",
+    "keyField": "jsonl field holding the Kafka-style record key (default key)",
+    "idField": "jsonl field holding the record's own id (default: none, the line's position)",
+    "timestampField": "jsonl field holding the event time (default ts)",
+    "timestampUnit": "ms (default, integers only) or s (integers or fractions)",
+    "missingTimestamp": "error (default: the line is dead-lettered) or system (system time)",
+    "maxRecordsPerTrigger": "admission control: at most this many lines per micro-batch",
+    "maxBytesPerTrigger": "admission control: at most this many bytes per micro-batch",
+    "bytesPerPartition": "split large ranges into Spark tasks of this many bytes (64 MiB)",
+    "finishedAfterMs": "a file not modified this long with a newer sibling is finished (60000)",
+    "tailWatermark": "creation (default, MillWheel's Figure 10) or clock (see below)",
+    "watermarkSlackMs": "the clock-following watermark lags the clock by this much (5000)",
+    "tickMs": "run a (possibly empty) batch at least this often (default 1000)",
+    "redis.url": "publish the injector watermark to this Redis (the runtime sets it)",
+    "app": "application name: Redis key namespace of the watermark (the runtime sets it)",
+    "instance": "injector instance name for watermark publication (default host:path)",
+    # Set by the runtime for every source; the Kafka injector's idle policy, unused here.
+    "idleSlackMs": "ignored by log files (the Kafka injector's idle slack)",
+    "outageGraceMs": "ignored by log files (the Kafka injector's outage hold)",
+}
+
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -145,6 +173,14 @@ class LogFileOptions:
     def from_options(cls, options: Mapping[str, str]) -> LogFileOptions:
         """Parse Spark's (case-insensitive) string options; every error names option and fix."""
         opts = {k.lower(): v for k, v in options.items()}
+        known = {name.lower() for name in OPTIONS}
+        unknown = sorted(k for k in opts if k not in known)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option {unknown[0]!r} for format {SHORT_NAME!r}: valid options are "
+                + ", ".join(OPTIONS)
+                + "."
+            )
         path = _required(opts, "path", "the directory holding the log files")
         if not os.path.isdir(path):
             raise ConfigurationError(
