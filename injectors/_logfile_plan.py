@@ -280,10 +280,11 @@ class Planner:
             if self._discover(files, entries, handles, born):
                 now = born
             files = self._admit(files, entries, handles, budget)
+            unread = self._unread(files, entries, handles)
         finally:
             for fh in handles.values():
                 fh.close()
-        wm_event = self._watermark(files, entries, now, tick)
+        wm_event = self._watermark(files, entries, now, tick, unread)
         nxt = Position(files, lost, (max(prev.wm[0], wm_event), prev.wm[1]), tick)
         if nxt.same_as(prev):
             return prev
@@ -415,21 +416,42 @@ class Planner:
                 out[t.key] = replace(t, offset=end)
         return out
 
+    def _unread(
+        self,
+        files: dict[str, Tracked],
+        entries: dict[tuple[int, int], Entry],
+        handles: dict[str, BinaryIO],
+    ) -> set[str]:
+        """Files with complete lines not admitted yet (a budget stopped short of them). Bytes
+        after a file's last newline are a line the writer is still writing: they hold nothing,
+        as a caught-up file does, since its timestamp is decided only when it is complete. A
+        file not open now (renamed under the listing) counts as unread when it has grown."""
+        out = set()
+        for key, t in files.items():
+            entry = entries.get(t.inode)
+            size = entry.size if entry is not None else t.seen
+            if size <= t.offset:
+                continue
+            fh = handles.get(key)
+            if fh is None or entry is None or last_line_end(fh, t.offset, entry.size) > t.offset:
+                out.add(key)
+        return out
+
     def _watermark(
         self,
         files: dict[str, Tracked],
         entries: dict[tuple[int, int], Entry],
         now: int,
         tick: int,
+        unread: set[str],
     ) -> int:
         created = [t.created for t in files.values()]
         views = []
-        for t in files.values():
+        for key, t in files.items():
             entry = entries.get(t.inode)
-            size = entry.size if entry is not None else t.seen
             mtime = entry.mtime_ms if entry is not None else now
             finished = is_finished(mtime, t.created, now, self.rules.finished_after_ms, created)
-            views.append((t.created, size > t.offset, finished))
+            views.append((t.created, key in unread, finished))
         clock_wm = tick * self.rules.tick_ms - self.rules.slack_ms
         return event_watermark(views, clock_wm, self.rules.tail_clock)
 

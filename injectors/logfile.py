@@ -28,8 +28,9 @@ Options (validated on the driver when the source is created):
   maxBytesPerTrigger    admission control in bytes per batch
   bytesPerPartition     split large ranges into tasks of this many bytes (default 64 MiB)
   finishedAfterMs       quiet time after which a file with a newer sibling is finished (60000)
-  tailWatermark         creation (default, Figure 10) | clock (see below)
-  watermarkSlackMs      the clock-following watermark lags the clock by this much (5000)
+  tailWatermark         clock (default: see below) | creation (MillWheel's Figure 10)
+  watermarkSlackMs      the clock-following watermark lags the clock by this much (default
+                        idleSlackMs, the runtime's MILLSTREAM_IDLE_SLACK_MS; alone 5000)
   tickMs                clock tick carried in the offset: a batch per tick (default 1000)
   redis.url, app        publish the watermark to the authority of `app` (both or neither)
   instance              this injector's name among the stream's injectors (host:path)
@@ -49,8 +50,9 @@ Decisions:
 - Low watermark (MillWheel Figure 10): min over unfinished files of their creation time; a file
   with unread bytes always counts. It never exceeds clock - `watermarkSlackMs` (the clock is
   quantised to the tick), which it follows once every file is finished and read. With
-  `tailWatermark=clock`, a file read to its end counts as clock - slack instead of its creation
-  time, so a log that is never rotated still advances the watermark. Monotonic; published to
+  `tailWatermark=clock` (the default), a file read to its end counts as clock - slack instead of its creation
+  time, so a log that is never rotated still advances the watermark (the default). A partial
+  last line (the writer mid-line) is not unread bytes: it holds nothing. Monotonic; published to
   Redis when Spark has finished the batch whose end offset carries it.
 - A malformed line becomes a row with `error` set (the raw line as value): never dropped.
   Bytes that vanish before they are read (a file deleted or truncated under the reader) become an
@@ -128,14 +130,14 @@ OPTIONS: dict[str, str] = {
     "maxBytesPerTrigger": "admission control: at most this many bytes per micro-batch",
     "bytesPerPartition": "split large ranges into Spark tasks of this many bytes (64 MiB)",
     "finishedAfterMs": "a file not modified this long with a newer sibling is finished (60000)",
-    "tailWatermark": "creation (default, MillWheel's Figure 10) or clock (see below)",
-    "watermarkSlackMs": "the clock-following watermark lags the clock by this much (5000)",
+    "tailWatermark": "clock (default) or creation (MillWheel's Figure 10): see above",
+    "watermarkSlackMs": "the clock-following watermark's lag behind the clock (idleSlackMs)",
     "tickMs": "run a (possibly empty) batch at least this often (default 1000)",
     "redis.url": "publish the injector watermark to this Redis (the runtime sets it)",
     "app": "application name: Redis key namespace of the watermark (the runtime sets it)",
     "instance": "injector instance name for watermark publication (default host:path)",
     # Set by the runtime for every source; the Kafka injector's idle policy, unused here.
-    "idleSlackMs": "ignored by log files (the Kafka injector's idle slack)",
+    "idleSlackMs": "the default of watermarkSlackMs (the runtime sets MILLSTREAM_IDLE_SLACK_MS)",
     "outageGraceMs": "ignored by log files (the Kafka injector's outage hold)",
 }
 
@@ -162,7 +164,7 @@ class LogFileOptions:
     max_bytes_per_trigger: int | None = None
     bytes_per_partition: int = 64 << 20
     finished_after_ms: int = 60_000
-    tail_watermark: str = "creation"
+    tail_watermark: str = "clock"
     watermark_slack_ms: int = 5_000
     tick_ms: int = 1_000
     redis_url: str | None = None
@@ -231,8 +233,12 @@ class LogFileOptions:
             max_bytes_per_trigger=max_bytes,
             bytes_per_partition=_int(opts, "bytesPerPartition", 64 << 20, minimum=1),
             finished_after_ms=_int(opts, "finishedAfterMs", 60_000, minimum=0),
-            tail_watermark=_choice(opts, "tailWatermark", TAIL_WATERMARK, "creation"),
-            watermark_slack_ms=_int(opts, "watermarkSlackMs", 5_000, minimum=0),
+            tail_watermark=_choice(opts, "tailWatermark", TAIL_WATERMARK, "clock"),
+            # The Kafka injector's idle slack when the runtime gives one: both injectors of a
+            # stream then close windows alike once their input goes quiet.
+            watermark_slack_ms=_int(
+                opts, "watermarkSlackMs", _int(opts, "idleSlackMs", 5_000, minimum=0), minimum=0
+            ),
             tick_ms=_int(opts, "tickMs", 1_000, minimum=1),
             redis_url=redis_url,
             app=app,

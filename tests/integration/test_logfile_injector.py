@@ -225,6 +225,7 @@ def test_watermark_is_published_monotonic_and_follows_the_rule(
         "stream": "events",
         "finishedAfterMs": "1000",
         "watermarkSlackMs": "500",
+        "tailWatermark": "creation",  # MillWheel's Figure 10 first; the default (clock) below
         "redis.url": redis_url,
         "app": redis_namespace,
         "instance": "host-1",

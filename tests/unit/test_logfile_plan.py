@@ -270,3 +270,37 @@ def test_a_file_hidden_from_one_listing_by_a_rename_is_not_forgotten(
     p2 = planner.plan(p1, T0 + 1, Budget())
     assert len(calls) == 2 and p2.lost == {} and p2.files.keys() == p1.files.keys()
     assert keys(rows(tmp_path, p1, p2)) == [b"b"]
+
+
+def test_a_partial_last_line_does_not_hold_the_watermark_but_unread_lines_do(
+    tmp_path: Path,
+) -> None:
+    """The writer mid-line: the file is caught up, so with the clock rule it follows the clock
+    less the slack. Complete lines a budget left unread hold it at the file's creation."""
+    tail = Rules(finished_after_ms=10_000, slack_ms=2_000, tick_ms=1_000, tail_clock=True)
+    planner = make_planner(tmp_path, tail)
+    write(tmp_path / "a.log", line("a", T0 - 5_000) + b'{"key": "b", "ts": ', mtime_ms=T0 - 5_000)
+    p1 = planner.plan(Position.initial(), T0 + 500, Budget())
+    assert keys(rows(tmp_path, Position.initial(), p1)) == [b"a"]  # the partial line waits
+    assert p1.wm[0] == p1.tick * 1_000 - 2_000
+    write(tmp_path / "a.log", b"%d}\n" % (T0 + 600) + line("c", T0 + 700) + line("d", T0 + 800))
+    p2 = planner.plan(p1, T0 + 1_500, Budget(rows=1))  # "b" admitted, "c" and "d" unread
+    assert keys(rows(tmp_path, p1, p2)) == [b"b"]
+    assert p2.wm[0] == p1.wm[0]  # held at the creation (T0 - 5 s); never back
+    p3 = planner.plan(p2, T0 + 2_500, Budget())
+    assert keys(rows(tmp_path, p2, p3)) == [b"c", b"d"]
+    assert p3.wm[0] == p3.tick * 1_000 - 2_000
+
+
+def test_the_runtimes_idle_slack_is_the_default_slack_and_the_clock_rule_the_default(
+    tmp_path: Path,
+) -> None:
+    from millstream.injectors.logfile import LogFileOptions
+
+    base = {"path": str(tmp_path), "stream": "s"}
+    assert LogFileOptions.from_options(base).tail_watermark == "clock"
+    assert LogFileOptions.from_options(base).watermark_slack_ms == 5_000
+    given = LogFileOptions.from_options({**base, "idleSlackMs": "2000"})
+    assert given.watermark_slack_ms == 2_000
+    both = LogFileOptions.from_options({**base, "idleSlackMs": "2000", "watermarkSlackMs": "700"})
+    assert both.watermark_slack_ms == 700
