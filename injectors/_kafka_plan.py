@@ -1,13 +1,14 @@
 """Driver side of the Kafka injector: choose each micro-batch's end offset and watermark.
 
-Runs in Spark's planner process, which lives as long as the query, so the probe consumer and
-the last known high watermarks are kept on the planner between triggers.
+Runs in Spark's planner process, which lives as long as the query, so the probe consumer, the
+last known high watermarks and the last record's times per caught-up end offset are kept on
+the planner between triggers.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from millstream.errors import ConfigurationError
 from millstream.injectors._kafka_offsets import InjectorOffset, TopicPartition, allocate
@@ -34,6 +35,10 @@ class OffsetPlanner:
         self._probe = probe or PartitionProbe(options)
         log.info("millstream-kafka planner for %s", options.describe())
         self._known_high: dict[TopicPartition, int] = {}
+        # Per partition: an end offset it was caught up at, and its last record's times there
+        # (None: no usable record). A function of the end offset (see `_kafka_probe`), so a
+        # quiet partition is not probed again while its end stays where it is.
+        self._last: dict[TopicPartition, tuple[int, Watermark | None]] = {}
         self._hold = OutageHold(options.outage_grace_ms)
         self._watch: BrokerWatch | None = None
         if probe is None and options.outage_grace_ms > 0:  # a real broker: watch it
@@ -55,16 +60,77 @@ class OffsetPlanner:
     # ---------------------------------------------------------------- probing helpers
 
     def _probe_at(self, at: Mapping[TopicPartition, int]) -> dict[TopicPartition, Peek]:
+        peeks = self._observed(self._probe.probe, at)
+        for tp, peek in peeks.items():
+            self._known_high[tp] = peek.high
+        return peeks
+
+    def _observed(
+        self,
+        call: Callable[[Mapping[TopicPartition, int]], dict[TopicPartition, Peek]],
+        at: Mapping[TopicPartition, int],
+    ) -> dict[TopicPartition, Peek]:
+        """One probe, timed for the outage hold."""
         began = now_ms()
         try:
-            peeks = self._probe.probe(at)
+            peeks = call(at)
         except Exception:
             self._hold.observe(began, now_ms(), failed=True)
             raise
         self._hold.observe(began, now_ms())
-        for tp, peek in peeks.items():
-            self._known_high[tp] = peek.high
         return peeks
+
+    def _last_times(self, peek: Peek, now: int) -> Watermark | None:
+        """(event, system) ms of a caught-up partition's last record, as the executors read it,
+        or None where it says nothing: no record, a record the readers turn into an error row
+        (no or a negative timestamp, one beyond maxFutureMs, a timestampExtractor that fails),
+        or a timestampExtractor this process cannot load (Kafka timestamps are no stand-in for
+        the event times it would give)."""
+        if peek.offset is None or peek.timestamp is None or peek.timestamp < 0:
+            return None
+        system = peek.timestamp
+        event = system
+        if self._options.timestamp_extractor:
+            if self._ts_extractor is None:
+                return None
+            try:
+                value = self._ts_extractor(peek.key, peek.value, peek.headers or [])
+            except Exception as exc:
+                log.debug("timestampExtractor failed on a peeked record: %s", exc)
+                return None
+            if isinstance(value, bool) or not isinstance(value, int):
+                return None
+            event = value
+        if max(event, system) > now + self._options.max_future_ms:
+            return None
+        return Watermark(event, system)
+
+    def _caught_up_records(
+        self,
+        ends: Mapping[TopicPartition, int],
+        first: Mapping[TopicPartition, Peek],
+        now: int,
+    ) -> dict[TopicPartition, Watermark | None]:
+        """The last record's times below each caught-up partition's end offset. Known without
+        a fetch when the end did not move since the last batch, or when step 1's peek found
+        the record at `end - 1` (one new record); the rest in one probe."""
+        out: dict[TopicPartition, Watermark | None] = {}
+        need: dict[TopicPartition, int] = {}
+        for tp, end in ends.items():
+            cached = self._last.get(tp)
+            peek = first.get(tp)
+            if cached is not None and cached[0] == end:
+                out[tp] = cached[1]
+            elif peek is not None and peek.offset is not None and peek.offset == end - 1:
+                out[tp] = self._last_times(peek, now)
+            else:
+                need[tp] = end
+        if need:
+            for tp, peek in self._observed(self._probe.last_records, need).items():
+                out[tp] = self._last_times(peek, now)
+        for tp, times in out.items():
+            self._last[tp] = (ends[tp], times)
+        return out
 
     def _record_times(self, peek: Peek, now: int) -> Watermark | None:
         """(event, system) ms of a peeked record; None when the peek found no record."""
@@ -152,8 +218,14 @@ class OffsetPlanner:
         }
         missing = {tp: e for tp, e in end.items() if e < high[tp] and tp not in peeks}
         peeks.update(self._probe_at(missing))
+        # 4. Caught-up partitions: the last record below the end offset (see `watermark`).
+        last = self._caught_up_records(
+            {tp: e for tp, e in end.items() if e >= high[tp]}, first, now
+        )
         progress = [
-            PartitionProgress(self._record_times(peeks[tp], now) if e < high[tp] else None)
+            PartitionProgress(self._record_times(peeks[tp], now))
+            if e < high[tp]
+            else PartitionProgress(None, last[tp])
             for tp, e in end.items()
         ]
         # New partitions join at their first record: nothing is read from them in this batch.

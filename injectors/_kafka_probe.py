@@ -20,6 +20,19 @@ How end offsets are learned, and why:
   high watermark can therefore lie beyond the last stable offset; executors reading
   `read_committed` then wait for that transaction to end, as every read_committed consumer
   does, and skip aborted records and markers (see `_kafka_read`).
+* A caught-up partition's estimate also uses its last record below the batch's end offset
+  (`last_records`, see `watermark`): one fetch LOOKBACK offsets before the end, read up to the
+  end. Why this is right on Apache Kafka, not only here: the end offset of a caught-up
+  partition is a high watermark a Fetch reported; a Kafka consumer is never handed a record
+  above the high watermark, and the offsets below it are committed to every in-sync replica
+  and never rewritten (an append-only log; a new leader keeps them). So the records this
+  fetch sees below the end are the ones the batch's readers see (under `read_committed`, less
+  aborted ones, see `last_records`), and records written later land at or beyond the end:
+  the value depends on the end offset alone, not on when it is probed. Only retention,
+  compaction or DeleteRecords can remove offsets below the end; then fewer records are seen
+  and the estimate falls back to the idle bound, never above what the data implied. The
+  planner computes it once per batch; Spark stores it in the offset log with the end offsets
+  ("wm"), and a re-run batch takes it from there.
 * The probe consumer is built once per reader (the planner process lives as long as the query)
   and unassigned after each probe, so it does not keep fetching between triggers.
 """
@@ -28,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +59,9 @@ METADATA_REFRESH_S = 30.0
 PROBE_TIMEOUT_S = 30.0
 FETCH_WAITS_MS = (1, 25, 250)  # fetch.wait.max.ms of the probe, escalated when unanswered
 ESCALATE_AFTER_S = 3.0
+# Offsets before an end offset searched for its last record: the last offsets of a partition
+# written by transactional producers are commit markers (one per transaction and producer).
+LOOKBACK = 16
 _wait_level = 0  # index into FETCH_WAITS_MS, for every probe of this process from then on
 
 Headers = list[tuple[str, bytes | None]]
@@ -160,14 +176,45 @@ class PartitionProbe:
         """Fetch once at each given offset (or EARLIEST); one round trip for all partitions."""
         if not at:
             return {}
+        seen = self._answered(at, lambda deadline: self._fetch_once(at, deadline))
+        return {tp: self._peek(tp, message) for tp, message in seen.items()}
+
+    def last_records(self, ends: Mapping[TopicPartition, int]) -> dict[TopicPartition, Peek]:
+        """The last record below each end offset: a `Peek` whose `offset` is that record's, or
+        None when the LOOKBACK offsets before the end hold no record (markers only, an empty
+        partition, or records deleted by retention). One round trip for all partitions when
+        the records are small.
+
+        Read `read_uncommitted` like every probe, so the record may belong to a transaction
+        still open (readers under `read_committed` wait for it) or aborted (readers skip it).
+        Either way a producer wrote it, and what producers write next may be older than it
+        only by the stream's out-of-order bound: a producer that aborts and re-sends old
+        records later than that breaks the bound as a slow producer does, and its records are
+        late (counted, then handled by the computation's `late` option).
+        """
+        at = {tp: max(0, end - LOOKBACK) for tp, end in ends.items() if end > 0}
+        out = {tp: Peek(high=end, offset=None) for tp, end in ends.items() if end <= 0}
+        if not at:
+            return out
+        seen = self._answered(at, lambda deadline: self._fetch_last(at, ends, deadline))
+        for tp, found in seen.items():
+            message, high = found
+            out[tp] = Peek(high=high, offset=None) if message is None else self._peek(tp, found)
+        return out
+
+    def _answered(
+        self, at: Mapping[TopicPartition, int], fetch: Callable[[float], dict[TopicPartition, Any]]
+    ) -> dict[TopicPartition, Any]:
+        """`fetch(deadline)` until it answers for every partition of `at`, escalating the
+        fetch wait (see the module docstring) when a broker leaves fetches unanswered."""
         global _wait_level
         deadline = time.monotonic() + PROBE_TIMEOUT_S
         while True:
             last = _wait_level == len(FETCH_WAITS_MS) - 1
             patience = deadline if last else time.monotonic() + ESCALATE_AFTER_S
-            seen = self._fetch_once(at, min(patience, deadline))
+            seen = fetch(min(patience, deadline))
             if len(seen) == len(at):
-                return {tp: self._peek(tp, message) for tp, message in seen.items()}
+                return seen
             if last or time.monotonic() >= deadline:
                 missing = ", ".join(tp_key(tp) for tp in at if tp not in seen)
                 raise TransientError(
@@ -210,6 +257,49 @@ class PartitionProbe:
             for tp, message in seen.items():  # read the high watermark before unassigning
                 seen[tp] = (message, consumer.get_watermark_offsets(KafkaTP(*tp), cached=True)[1])
             return seen
+        finally:
+            consumer.unassign()
+
+    def _fetch_last(
+        self, at: Mapping[TopicPartition, int], ends: Mapping[TopicPartition, int], deadline: float
+    ) -> dict[TopicPartition, tuple[Any, int]]:
+        """Per partition, the last record below its end offset (None if none) read from `at`,
+        with the high watermark, for the partitions done before `deadline`: done at the record
+        at `end - 1`, at a record beyond it, or at the partition's end (PARTITION_EOF)."""
+        consumer = self._client()
+        servers = self._options.bootstrap_servers
+        consumer.assign([KafkaTP(t, p, offset) for (t, p), offset in at.items()])
+        last: dict[TopicPartition, Any] = {}
+        done: set[TopicPartition] = set()
+        try:
+            while len(done) < len(at):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for message in next_events(consumer, 1000, min(remaining, 1.0)):
+                    tp = (message.topic(), message.partition())
+                    if tp not in at or tp in done:
+                        continue
+                    err = message.error()
+                    if err is not None:
+                        code = err.code()
+                        if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                            # Retention deleted the offsets looked at: nothing known (the idle
+                            # bound alone), not the data loss a reader reports.
+                            last.pop(tp, None)
+                        elif code != KafkaError._PARTITION_EOF:
+                            raise broker_error(err, f"probing {tp_key(tp)}", servers)
+                        done.add(tp)
+                        continue
+                    offset = message.offset()
+                    if offset < ends[tp]:
+                        last[tp] = message
+                    if offset >= ends[tp] - 1:
+                        done.add(tp)
+            return {
+                tp: (last.get(tp), consumer.get_watermark_offsets(KafkaTP(*tp), cached=True)[1])
+                for tp in done
+            }
         finally:
             consumer.unassign()
 

@@ -600,3 +600,69 @@ def test_driver_batch_read_reads_partitions_at_once_with_the_rows_spark_reads(
         assert driver == spark
         read.extend(driver)
     assert sorted((row[7], row[8]) for row in read) == sorted(placed)  # each record once
+
+
+def test_caught_up_watermark_is_the_newest_records_time_not_now_minus_slack(
+    kafka_bootstrap: str, redis_url: str, redis_namespace: str, new_topic: Callable[..., str]
+) -> None:
+    """A partition caught up at the batch's end offset is estimated from its newest record
+    (the last one below the end), not from the idle policy alone: with records a few hundred
+    ms old and a 60 s idle slack, the offset's "wm" (what commit publishes) is the minimum
+    over partitions of each one's newest record. Partition 1 ends in a transaction's commit
+    marker, so its last record lies below the last offset before the end."""
+    from millstream.injectors.kafka import batch_ranges
+
+    topic = new_topic(partitions=2)
+    now = int(time.time() * 1000)
+    plain = [(0, b"k%d" % i, b"v", now - 900 + 10 * i, None) for i in range(30)]  # to -610
+    produce(kafka_bootstrap, topic, plain)
+    producer = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex}"}
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(5):
+        producer.produce(topic, key=b"t%d" % i, value=b"v", partition=1, timestamp=now - 700 + i)
+    producer.commit_transaction(30)  # offsets 0-4 records, 5 the commit marker: the end is 6
+    newest = {0: now - 900 + 290, 1: now - 700 + 4}
+    expected = min(newest.values())
+
+    source = KafkaInjector(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "topics": topic,
+            "redis.url": redis_url,
+            "app": redis_namespace,
+            "instance": "a",
+            "idleSlackMs": "60000",
+        }
+    )
+    reader = source.streamReader(source.schema())
+    authority = WatermarkAuthority(connect(redis_url), redis_namespace)
+    try:
+        start = reader.initialOffset()
+        planned = time.time() * 1000
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert end["p"] == {f"{topic}:0": 30, f"{topic}:1": 6}
+        # Read the batch to its end: the rows' newest times per partition are the estimate's.
+        rows = [
+            row
+            for part in batch_ranges(start, end)
+            for batch in reader.read(part)
+            for row in batch.to_pylist()
+        ]
+        read_newest = {p: max(r["timestamp"] for r in rows if r["partition"] == p) for p in (0, 1)}
+        assert read_newest == newest
+        assert end["wm"] == [expected, expected]
+        assert expected > planned - 60_000 + 1_000  # not now - idleSlackMs
+        reader.commit(end)
+        assert authority.injector_stream(topic) == Watermark(expected, expected)
+
+        # A later record on partition 0 leaves partition 1 (unchanged, its end cached) the min.
+        produce(kafka_bootstrap, topic, [(0, b"late", b"v", now - 100, None)])
+        later = reader.latestOffset(end, ReadAllAvailable())
+        assert later["p"] == {f"{topic}:0": 31, f"{topic}:1": 6}
+        assert later["wm"] == [expected, expected]
+    finally:
+        reader.stop()
+        close_consumers()  # read() ran in this process and cached a consumer here

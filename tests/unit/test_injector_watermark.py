@@ -1,11 +1,13 @@
 """The injector watermark rule and how the planner applies it: pure code, no broker.
 
 The planner tests drive `OffsetPlanner` over an in-memory partition log that answers probes
-the way a Kafka fetch does (high watermark + first record at or after the offset).
+the way a Kafka fetch does (high watermark + first record at or after the offset, or the last
+record below an end offset).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping
 
@@ -28,6 +30,7 @@ from millstream.injectors.watermark import (
     OutageHold,
     PartitionProgress,
     advance,
+    caught_up_watermark,
     idle_watermark,
     injector_watermark,
     partition_watermark,
@@ -78,6 +81,68 @@ def test_publication_is_monotonic() -> None:
     # A new partition with old data lowers the estimate; the watermark holds, per component.
     assert advance(first, Watermark(50, 300)) == Watermark(100, 300)
     assert advance(Watermark(100, 300), Watermark(400, 100)) == Watermark(400, 300)
+
+
+def test_caught_up_partition_with_a_recent_record_takes_its_times() -> None:
+    recent = Watermark(NOW - 300, NOW - 200)  # event, system of the last record below the end
+    assert partition_watermark(PartitionProgress(None, recent), NOW, SLACK) == recent
+    assert caught_up_watermark(recent, NOW, SLACK) == recent
+
+
+def test_quiet_partition_falls_back_to_the_idle_bound() -> None:
+    old = Watermark(NOW - 60_000, NOW - 60_000)
+    assert partition_watermark(PartitionProgress(None, old), NOW, SLACK) == idle_watermark(
+        NOW, SLACK
+    )
+    assert caught_up_watermark(None, NOW, SLACK) == idle_watermark(NOW, SLACK)
+    # Per component: a recent event time with an old Kafka timestamp (an extractor's time).
+    mixed = Watermark(NOW - 100, NOW - 60_000)
+    assert caught_up_watermark(mixed, NOW, SLACK) == Watermark(NOW - 100, NOW - SLACK)
+
+
+def test_a_last_record_ahead_of_the_clock_counts_as_now() -> None:
+    ahead = Watermark(NOW + 3_600_000, NOW + 50)
+    assert caught_up_watermark(ahead, NOW, SLACK) == Watermark(NOW, NOW)
+
+
+def test_lagging_partition_ignores_its_last_record() -> None:
+    progress = PartitionProgress(Watermark(1_000, 1_500), Watermark(NOW, NOW))
+    assert progress.has_lag
+    assert partition_watermark(progress, NOW, SLACK) == Watermark(1_000, 1_500)
+
+
+def test_minimum_over_caught_up_lagging_and_quiet_partitions() -> None:
+    parts = [
+        PartitionProgress(None, Watermark(NOW - 100, NOW - 90)),  # caught up, fresh
+        PartitionProgress(None, Watermark(NOW - 900, NOW - 800)),  # caught up, less fresh
+        PartitionProgress(None, Watermark(NOW - 90_000, NOW - 90_000)),  # quiet: idle bound
+    ]
+    assert injector_watermark(parts, NOW, SLACK) == idle_watermark(NOW, SLACK)
+    assert injector_watermark(parts[:2], NOW, SLACK) == Watermark(NOW - 900, NOW - 800)
+    lagging = PartitionProgress(Watermark(NOW - 5_000, NOW - 4_000))
+    assert injector_watermark([*parts[:2], lagging], NOW, SLACK) == Watermark(
+        NOW - 5_000, NOW - 4_000
+    )
+
+
+def test_caught_up_estimate_published_monotonically() -> None:
+    first = advance(None, caught_up_watermark(Watermark(NOW - 100, NOW - 100), NOW, SLACK))
+    # The next batch's last record is older (out of order, within the bound): the watermark
+    # holds, it does not go back.
+    second = caught_up_watermark(Watermark(NOW - 400, NOW + 5), NOW + 10, SLACK)
+    assert advance(first, second) == Watermark(NOW - 100, NOW + 5)
+
+
+def test_outage_hold_holds_the_data_implied_estimate_too() -> None:
+    hold = OutageHold(grace_ms=15_000)
+    hold.observe(NOW, NOW + 30_000, failed=True)  # down from NOW
+    hold.observe(NOW + 30_000, NOW + 30_002)  # answered again at +30 s
+    # A producer that reconnected first wrote a fresh record; others still hold older ones.
+    fresh = caught_up_watermark(Watermark(NOW + 30_001, NOW + 30_001), NOW + 30_010, SLACK)
+    assert fresh == Watermark(NOW + 30_001, NOW + 30_001)
+    held = Watermark(NOW - SLACK, NOW - SLACK)
+    assert hold.cap(fresh, NOW + 30_010, SLACK) == held
+    assert hold.cap(fresh, NOW + 46_000, SLACK) == fresh  # grace over
 
 
 def test_outage_hold_keeps_the_idle_bound_at_the_outage_start_through_the_grace() -> None:
@@ -181,6 +246,7 @@ class LogProbe:
     def __init__(self, log: dict[tuple[str, int], list[tuple[int, int]]]) -> None:
         self.log = log
         self.probes: list[dict[tuple[str, int], int]] = []
+        self.lasts: list[dict[tuple[str, int], int]] = []
 
     def partitions(self) -> list[tuple[str, int]]:
         return sorted(self.log)
@@ -197,6 +263,20 @@ class LogProbe:
                 out[tp] = Peek(high=max(high, start), offset=None)
             else:
                 out[tp] = Peek(high=high, offset=nxt[0], timestamp=nxt[1], key=b"k", value=b"v")
+        return out
+
+    def last_records(self, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+        self.lasts.append(dict(ends))
+        out = {}
+        for tp, end in ends.items():
+            records = self.log[tp]
+            high = records[-1][0] + 1 if records else 0
+            below = [(o, ts) for o, ts in records if o < end]
+            if not below:
+                out[tp] = Peek(high=max(high, end), offset=None)
+            else:
+                o, ts = below[-1]
+                out[tp] = Peek(high=high, offset=o, timestamp=ts, key=b"k", value=b"v")
         return out
 
     def close(self) -> None:
@@ -285,6 +365,11 @@ class FlakyLogProbe(LogProbe):
             raise TransientError("Kafka sent no fetch response (test: broker down)")
         return super().probe(at)
 
+    def last_records(self, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+        if self.down:
+            raise TransientError("Kafka sent no fetch response (test: broker down)")
+        return super().last_records(ends)
+
 
 @pytest.mark.parametrize("grace", ["15000", "0"])
 def test_records_held_by_producers_during_an_outage_are_not_late(grace: str) -> None:
@@ -304,5 +389,110 @@ def test_records_held_by_producers_during_an_outage_are_not_late(grace: str) -> 
     back = plan.latest(InjectorOffset(caught_up.positions, caught_up.watermark, 0), limit=None)
     assert back is not None
     log.log[("t", 0)].append((1, created))  # the producer's retry lands
+    late = back.watermark.event > created
+    assert late == (grace == "0"), (back.watermark, created)
+
+
+def test_planner_caught_up_watermark_is_the_newest_record_not_the_idle_bound() -> None:
+    t = now_ms()
+    log = LogProbe({("t", 0): [(0, t - 300), (1, t - 200), (2, t - 100)], ("t", 1): [(0, t - 150)]})
+    plan = planner(log, idleSlackMs="60000")
+    end = plan.latest(plan.initial(), limit=None)
+    assert end is not None and end.positions == {("t", 0): 3, ("t", 1): 1}
+    # Both caught up: each partition's newest record, minimum over partitions.
+    assert end.watermark == Watermark(t - 150, t - 150)
+    assert log.lasts == [{("t", 0): 3, ("t", 1): 1}]
+
+    # No news on a new tick: the same ends, the same records, no probe for them.
+    again = plan.latest(InjectorOffset(end.positions, end.watermark, end.tick - 1), limit=None)
+    assert again is not None and again.watermark == end.watermark and len(log.lasts) == 1
+
+    # One new record each: step 1's peek already is the last record below the new end.
+    log.log[("t", 0)].append((3, t - 50))
+    log.log[("t", 1)].append((1, t - 20))
+    one = plan.latest(end, limit=None)
+    assert one is not None and one.watermark == Watermark(t - 50, t - 50)
+    assert len(log.lasts) == 1
+    # Several new records: one probe for the last below the end.
+    log.log[("t", 0)].extend([(4, t - 40), (5, t - 10)])
+    several = plan.latest(one, limit=None)
+    assert several is not None and several.watermark == Watermark(t - 20, t - 20)
+    assert log.lasts[-1] == {("t", 0): 6}
+
+
+def test_planner_quiet_partition_and_timestamp_extractor() -> None:
+    t = now_ms()
+    log = LogProbe({("t", 0): [(0, t - 100)], ("t", 1): [(0, t - 600_000)]})
+    plan = planner(log)  # idleSlackMs=2000
+    end = plan.latest(plan.initial(), limit=None)
+    assert end is not None
+    # Partition 1 went quiet ten minutes ago: the idle bound, now - 2 s, holds the minimum.
+    assert t - 2_000 <= end.watermark.event <= now_ms() - 2_000
+    # With a timestampExtractor: the last record's event time from it, its system time from
+    # the Kafka timestamp.
+    EXTRACTED[0] = t - 600
+    ext = planner(
+        LogProbe({("t", 0): [(0, t - 100)]}),
+        idleSlackMs="60000",
+        timestampExtractor="tests.unit.test_injector_watermark:extracted_event_time",
+    )
+    caught = ext.latest(ext.initial(), limit=None)
+    assert caught is not None and caught.watermark == Watermark(t - 600, t - 100)
+
+
+EXTRACTED = [0]
+
+
+def extracted_event_time(key: bytes | None, value: bytes | None, headers: object) -> int:
+    """A timestampExtractor for the test above: the event time it was told."""
+    return EXTRACTED[0]
+
+
+@pytest.mark.parametrize("bound", [300, 1_000])
+def test_record_inside_the_out_of_order_bound_is_on_time_with_the_new_estimate(
+    bound: int,
+) -> None:
+    # Records reach one partition out of order by less than the stream's bound, one batch per
+    # record. The runtime judges lateness against the published estimate less the bound
+    # (connectors' `less_bound`): every record must be at or after it, while the estimate
+    # follows the data (far above now - idle slack) rather than the clock.
+    rng = random.Random(3)
+    t = now_ms()
+    times = [t - 5_000 + 10 * i - rng.randrange(bound) for i in range(200)]
+    log = LogProbe({("t", 0): []})
+    plan = planner(log, idleSlackMs="60000")
+    offset = plan.initial()
+    followed_data = 0
+    for i, ts in enumerate(times):
+        runtime_watermark = offset.watermark.event - bound  # what `less_bound` makes of it
+        assert ts >= runtime_watermark, (i, ts, runtime_watermark)
+        log.log[("t", 0)].append((i, ts))
+        nxt = plan.latest(offset, limit=None)
+        assert nxt is not None
+        assert nxt.watermark.event >= offset.watermark.event  # monotonic
+        followed_data += nxt.watermark.event == max(times[: i + 1])
+        offset = nxt
+    assert followed_data == len(times)
+
+
+@pytest.mark.parametrize("grace", ["15000", "0"])
+def test_a_fresh_record_after_an_outage_does_not_make_held_records_late(grace: str) -> None:
+    # Two producers: one reconnects first and writes a fresh record; the other then delivers
+    # the record it held through the outage. With the hold, the data-implied estimate of the
+    # fresh record is held too; without it (grace 0) the held record is late.
+    log = FlakyLogProbe({("t", 0): [(0, now_ms())]})
+    plan = planner(log, outageGraceMs=grace, idleSlackMs="50")
+    caught_up = plan.latest(plan.initial(), limit=None)
+    assert caught_up is not None
+    created = now_ms()
+    log.down = True
+    with pytest.raises(TransientError):
+        plan.latest(caught_up, limit=None)
+    time.sleep(0.1)
+    log.down = False
+    log.log[("t", 0)].append((1, now_ms()))  # the first producer back: a fresh record
+    back = plan.latest(caught_up, limit=None)
+    assert back is not None
+    log.log[("t", 0)].append((2, created))  # the other producer's held record lands
     late = back.watermark.event > created
     assert late == (grace == "0"), (back.watermark, created)
