@@ -29,7 +29,7 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from millstream.errors import ConfigurationError, TransientError
-from millstream.injectors._kafka_offsets import id_prefix
+from millstream.injectors._kafka_offsets import derived_id, id_prefix
 from millstream.injectors._kafka_options import Extractor, KafkaInjectorOptions, load_extractor
 from millstream.injectors._kafka_probe import broker_error, next_events
 from millstream.injectors.schema import INJECTED_SCHEMA
@@ -391,8 +391,8 @@ class _RowBuilder:
 
 
 def _derived_id(message: Any) -> bytes:
-    """The id of a record without one of its own: its partition's prefix and its offset."""
-    return id_prefix(message.topic(), message.partition()) + message.offset().to_bytes(8, "big")
+    """The id of a record without one of its own (`derived_id`)."""
+    return derived_id(message.topic(), message.partition(), message.offset())
 
 
 def _escalate(
