@@ -6,6 +6,8 @@ import os
 
 from millstream import Computation, Context, Record, Topology, kafka_source
 
+OUT_OF_ORDER_MS = 10_000
+
 
 class Tally(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
@@ -17,7 +19,7 @@ def topology() -> Topology:
     built.source(
         "input",
         kafka_source(os.environ["RUN_TARGET_TOPIC"], id_header="id"),
-        max_out_of_order_ms=10_000,
+        max_out_of_order_ms=OUT_OF_ORDER_MS,
     )
     built.computation("tally", Tally(), inputs=["input"])
     return built
