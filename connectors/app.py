@@ -21,6 +21,7 @@ from millstream.connectors.targets import DEFAULT_PARTITIONS, Endpoints
 from millstream.connectors.topics import ensure_topics
 from millstream.connectors.topology import Topology
 from millstream.errors import ConfigurationError
+from millstream.logs import configure_logging, spark_log_config, spark_log_level
 from millstream.settings import Settings
 from millstream.state.client import connect
 
@@ -53,9 +54,10 @@ def spark_session(settings: Settings, app_name: str) -> Any:
         .config("spark.python.authenticate.socketTimeout", "60s")
         # Options such as redis.url may carry a password: keep them out of Spark's logs and UI.
         .config("spark.redaction.regex", r"(?i)secret|password|token|access[.]?key|url")
+        .config(map=spark_log_config(settings.log_level))
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(spark_log_level(settings.log_level))
     from millstream.injectors import register
 
     register(spark)
@@ -288,7 +290,7 @@ def run(
     from millstream.metrics import serve_metrics
 
     settings = settings or Settings.from_env()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(settings.log_level)
     stop = threading.Event()
 
     def _signal(signum: int, _frame: Any) -> None:

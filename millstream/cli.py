@@ -60,12 +60,17 @@ def _cmd_infra(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from millstream.connectors.app import run
+    from millstream.report import RunReport
     from millstream.settings import Settings
 
     settings = Settings.from_env()
     topology = _load_topology(args.target)
     topology.validate()
-    run(topology, settings, embedded=args.embedded)
+    report = RunReport(settings.report_seconds)
+    try:
+        run(topology, settings, embedded=args.embedded, on_tick=report.on_tick)
+    finally:
+        report.finish()
     return 0
 
 

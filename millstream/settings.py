@@ -99,7 +99,17 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "Port on which `millstream run` serves Prometheus metrics at /metrics, 1-65535.",
     ),
     ("MILLSTREAM_METRICS_HOST", "127.0.0.1", "Address the metrics server binds to."),
-    ("MILLSTREAM_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
+    (
+        "MILLSTREAM_LOG_LEVEL",
+        "INFO",
+        "DEBUG, INFO, WARNING or ERROR. py4j's and Spark's own logs show only at DEBUG.",
+    ),
+    (
+        "MILLSTREAM_REPORT_SECONDS",
+        "10",
+        "`millstream run` logs a progress line per computation this often when something "
+        "changed (0: never); dead letters are reported within a second either way.",
+    ),
     (
         "MILLSTREAM_KAFKA_*",
         "(none)",
@@ -259,6 +269,7 @@ class Settings:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
+    report_seconds: int = 10
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -409,6 +420,13 @@ class Settings:
                 "INFO",
                 lambda s: _choice("debug", "info", "warning", "error")(s).upper(),
                 "DEBUG, INFO, WARNING or ERROR",
+            ),
+            report_seconds=_parse(
+                env,
+                "MILLSTREAM_REPORT_SECONDS",
+                "10",
+                _bounded_int(0, 86_400),
+                "seconds, 0-86400 (0: no progress lines)",
             ),
             kafka_extra=extra,
         )
