@@ -150,6 +150,42 @@ def _render_status(snapshot: dict[str, Any], as_json: bool) -> str:
     return "\n".join(lines)
 
 
+def _cmd_state(args: argparse.Namespace) -> int:
+    from millstream.state.client import connect
+    from millstream.state_tools import key_state, render_state
+
+    if args.unpickle and args.serde != "pickle":
+        raise ConfigurationError("--unpickle applies to --serde pickle only")
+    client = connect(_redis_for_status())
+    found = key_state(client, args.app, args.computation, args.key, args.serde, args.unpickle)
+    print(json.dumps(found, indent=2) if args.json else render_state(found))
+    return 0
+
+
+def _cmd_reset(args: argparse.Namespace) -> int:
+    from millstream.settings import Settings
+    from millstream.state.client import connect
+    from millstream.state_tools import apply_reset, plan_reset, refuse_if_running
+
+    settings = Settings.from_env()
+    client = connect(_redis_for_status())
+    refuse_if_running(client, args.app)
+    plan = plan_reset(client, args.app, settings.checkpoint_dir, args.computation)
+    print(plan.describe())
+    if not args.yes:
+        try:
+            answer = input("remove all of this? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    refuse_if_running(client, args.app)  # it may have started while we asked
+    apply_reset(client, plan)
+    print("removed: the next `millstream run` starts afresh")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from millstream.demo.cli import main as demo_main
 
@@ -202,6 +238,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="redraw every SECONDS (default 2) until Ctrl-C",
     )
     st.set_defaults(func=_cmd_status)
+    state = sub.add_parser("state", help="a key's state, timers and holds, read from Redis")
+    state.add_argument("app", help="application name (MILLSTREAM_APP of the pipeline)")
+    state.add_argument("computation")
+    state.add_argument("key", help="the record key, as the computation's key extractor gives it")
+    state.add_argument(
+        "--serde",
+        choices=["json", "bytes", "pickle"],
+        default="json",
+        help="the computation's state serde (default json); bytes and pickle print the raw "
+        "bytes' repr",
+    )
+    state.add_argument(
+        "--unpickle",
+        action="store_true",
+        help="with --serde pickle, load the value to print it: this runs code stored in Redis, "
+        "so only for state your own code wrote",
+    )
+    state.add_argument("--json", action="store_true", help="machine-readable output")
+    state.set_defaults(func=_cmd_state)
+    reset = sub.add_parser(
+        "reset",
+        help="remove an application's state, timers, catalogs, checkpoints and positions",
+    )
+    reset.add_argument("app", help="application name (MILLSTREAM_APP of the pipeline)")
+    reset.add_argument(
+        "--computation", metavar="NAME", help="only this computation's (its state and timers)"
+    )
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    reset.set_defaults(func=_cmd_reset)
     demo = sub.add_parser("demo", help="the Zeitgeist anomaly-detection demo, verified")
     from millstream.demo.options import add_arguments
 

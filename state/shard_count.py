@@ -35,6 +35,6 @@ def record_shard_count(client: RedisClient, app: str, computation: str, shards: 
             f"computation {computation!r} of app {app!r} was started with {recorded} shards "
             f"and is now configured with {shards}: rescaling is not supported yet, so "
             f"configure shards={recorded} again (its `shards` option or MILLSTREAM_SHARDS); "
-            f"to start over instead, use a new app name or delete the app's keys "
-            f"(ms:{{{app}}}*)"
+            f"to start over instead, use a new app name or `millstream reset {app} "
+            f"--computation {computation}`"
         )

@@ -20,7 +20,7 @@ import millstream
 from millstream.cli import build_parser, main
 from millstream.demo.options import from_args
 
-SUBCOMMANDS = ("version", "infra", "run", "status", "demo")
+SUBCOMMANDS = ("version", "infra", "run", "status", "state", "reset", "demo", "bench", "chaos")
 DEMO_FLAGS = (
     "--duration",
     "--rate",
