@@ -636,6 +636,84 @@ def _unmarked(batches: Sequence[RawBatch]) -> list[int]:
     return sorted(open_txns)
 
 
+def aborted_listed(
+    bootstrap: str, topic: str, partition: int, offset: int, *, timeout: float = 10.0
+) -> list[tuple[int, int]]:
+    """The aborted transactions (producer id, first offset) a broker lists to a read_committed
+    consumer fetching `partition` from `offset`: what its Fetch tells the client to skip."""
+    host, port = _leaders(bootstrap, topic, timeout)[partition]
+    conn = _Connection(host, port, timeout)
+    try:
+        version = conn.version(FetchRequest, "Fetch")
+        request = FetchRequest[version](
+            replica_id=-1,
+            max_wait_ms=_SHORT_WAIT_MS,
+            min_bytes=0,
+            max_bytes=8 << 20,
+            isolation_level=1,  # read_committed: the broker lists the aborted transactions
+            topics=[
+                FetchRequest.FetchTopic(
+                    topic=topic,
+                    partitions=[
+                        FetchRequest.FetchTopic.FetchPartition(
+                            partition=partition, fetch_offset=offset, partition_max_bytes=8 << 20
+                        )
+                    ],
+                )
+            ],
+        )
+        responses = conn.request(request).responses
+    finally:
+        conn.close()
+    if not responses or not responses[0].partitions:
+        return []
+    listed = getattr(responses[0].partitions[0], "aborted_transactions", None) or []
+    return [(int(a.producer_id), int(a.first_offset)) for a in listed]
+
+
+def listed_aborted_but_committed(
+    view: PlainView,
+    partitions: Sequence[list[RawBatch]],
+    aborted: dict[int, list[tuple[int, int]]],
+) -> str | None:
+    """Positive evidence that the broker withholds committed records because its Fetch lists
+    their transaction as aborted while its own log marks it COMMIT; None without it.
+
+    Every withheld record (committed data in the raw log, `judge_plain_view`) must belong to a
+    producer id that the broker's read_committed Fetch (`aborted`, per partition, from
+    `aborted_listed`) names in an aborted transaction starting at or before it, although the
+    next marker of that producer after the record, in the same log, is COMMIT.
+    """
+    facts = []
+    for partition in sorted({p for p, _ in view.withheld}):
+        batches = partitions[partition]
+        listed = aborted.get(partition, [])
+        for _, offset in sorted(o for o in view.withheld if o[0] == partition):
+            batch = next((b for b in batches if b.base_offset <= offset < b.next_offset), None)
+            if batch is None or batch.control or not batch.transactional:
+                return None
+            marker = next(
+                (
+                    b
+                    for b in batches
+                    if b.control and b.producer_id == batch.producer_id and b.base_offset > offset
+                ),
+                None,
+            )
+            committed = marker is not None and any(
+                getattr(r, "type", None) == 1 for r in marker.records
+            )
+            if not committed:
+                return None
+            if not any(pid == batch.producer_id and first <= offset for pid, first in listed):
+                return None
+        facts.append(
+            f"p{partition}: the broker's read_committed Fetch lists aborted transactions "
+            f"{sorted(listed)[:5]} whose producers' next markers in its log are COMMIT"
+        )
+    return "; ".join(facts) if facts else None
+
+
 def withheld_by_broker(
     view: PlainView, partitions: Sequence[list[RawBatch]], lsos: dict[int, Any]
 ) -> str | None:

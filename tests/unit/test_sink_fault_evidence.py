@@ -11,6 +11,7 @@ from millstream.testing.committed_reader import (
     PlainView,
     RawBatch,
     judge_plain_view,
+    listed_aborted_but_committed,
     withheld_by_broker,
 )
 from millstream.testing.txn_wire import TxnCall, TxnWireLog
@@ -257,6 +258,27 @@ def test_withheld_records_behind_an_open_transaction_are_not_the_brokers() -> No
     assert judge_plain_view("t", [], log).withheld == []
     view = PlainView(leaked=[], unexplained=[], withheld=[(0, 1)])
     assert withheld_by_broker(view, log, {0: 0}) is None
+
+
+def test_committed_records_the_broker_lists_as_aborted_are_the_brokers() -> None:
+    """The CI case: a read_committed consumer skipped e19 at offset 0 (pid 2) below the last
+    stable offset while serving later records; the broker's Fetch listed pid 2's transaction
+    as aborted although its log marks it COMMIT."""
+    log = [[data(0, 2, event="e19"), data(1, 3, event="e1"), marker(2, 3), marker(3, 2)]]
+    view = judge_plain_view("t", [(0, 1)], log)
+    assert view.withheld == [(0, 0)] and not view.unexplained
+    evidence = listed_aborted_but_committed(view, log, {0: [(2, 0)]})
+    assert evidence is not None and "lists aborted transactions [(2, 0)]" in evidence
+    # Not listed, listed for another producer, or listed as starting after the record: no.
+    assert listed_aborted_but_committed(view, log, {0: []}) is None
+    assert listed_aborted_but_committed(view, log, {0: [(3, 0)]}) is None
+    assert listed_aborted_but_committed(view, log, {0: [(2, 1)]}) is None
+    # The producer's next marker is ABORT: a right broker lists it too; not the broker's.
+    aborted = [[data(0, 2, event="e19"), marker(1, 2, ABORT)]]
+    held = PlainView(leaked=[], unexplained=[], withheld=[(0, 0)])
+    assert listed_aborted_but_committed(held, aborted, {0: [(2, 0)]}) is None
+    # No marker at all (an open transaction): not the broker's either.
+    assert listed_aborted_but_committed(held, [[data(0, 2, event="e19")]], {0: [(2, 0)]}) is None
 
 
 # ---------------------------------------------------------------- unserved / stuck
