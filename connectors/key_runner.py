@@ -10,6 +10,7 @@ records that caused it) is made once, here and in `shard_task`, for every operat
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import uuid
@@ -208,6 +209,22 @@ class KeyRunner:
     def dead_letter(self, key: str, reason: str, row: tuple | None, **extra: Any) -> None:
         self.txn.checkpoint(dead_letter(self.plan, self.spec, key, reason, row, **extra))
         self.count("dead_letters")
+
+    def late(self, record: Record, row: tuple, watermark: int) -> Record | None:
+        """A record its operator found expired: counted (`late`, `late:<stream>`), then, by the
+        computation's `late` option, dropped (None), dead-lettered (None) or flagged."""
+        self.count("late")
+        self.count(f"late:{record.stream}")  # per injected stream
+        policy = self.spec.options.late
+        if policy == "dead-letter":
+            reason = (
+                f"late: event time {record.timestamp} is behind the input low watermark "
+                f"{watermark} (late='dead-letter')"
+            )
+            self.dead_letter(record.key, reason, row)
+        if policy != "flag":
+            return None
+        return dataclasses.replace(record, late=True)
 
     def run_record(
         self, key: str, fn: Callable[[Context, Any], None], record: Record, row: tuple

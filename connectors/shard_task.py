@@ -297,7 +297,7 @@ def run_records(
     """4. The fresh records: bad input becomes dead letters, records the operator finds
     expired are counted late (then dropped, flagged or dead-lettered: the `late` option), and
     the rest go to the operator a key at a time, in arrival order per key."""
-    plan, spec = runner.plan, runner.spec
+    plan = runner.plan
     wm = plan.input_watermark.event
     by_key: dict[str, list[tuple[Record, tuple]]] = {}
     for item, record, _ in fresh:
@@ -306,19 +306,10 @@ def run_records(
             runner.dead_letter(record.key, error, item.row)
             continue
         if record.timestamp is not None and record.timestamp < wm and operator.expired(record, wm):
-            runner.count("late")
-            runner.count(f"late:{record.stream}")  # per injected stream
-            if spec.options.late == "drop":
+            flagged = runner.late(record, item.row, wm)
+            if flagged is None:
                 continue
-            if spec.options.late == "dead-letter":
-                runner.dead_letter(
-                    record.key,
-                    f"late: event time {record.timestamp} is behind the input low watermark "
-                    f"{wm} (late='dead-letter')",
-                    item.row,
-                )
-                continue
-            record = dataclasses.replace(record, late=True)
+            record = flagged
         by_key.setdefault(record.key, []).append((record, item.row))
     for key, batch in by_key.items():
         operator.process_key(runner, key, batch)

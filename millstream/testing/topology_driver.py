@@ -16,7 +16,6 @@ would receive.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
@@ -345,18 +344,9 @@ class TopologyTestDriver:
         if error is not None:
             runner.dead_letter(record.key, error, row)
         elif operator.expired(record, node.input_watermark):
-            runner.count("late")
-            runner.count(f"late:{record.stream}")
-            if spec.options.late == "dead-letter":
-                reason = (
-                    f"late: event time {record.timestamp} is behind the input low watermark "
-                    f"{node.input_watermark} (late='dead-letter')"
-                )
-                runner.dead_letter(record.key, reason, row)
-            elif spec.options.late == "flag":
-                operator.process_key(
-                    runner, record.key, [(dataclasses.replace(record, late=True), row)]
-                )
+            flagged = runner.late(record, row, node.input_watermark)
+            if flagged is not None:
+                operator.process_key(runner, record.key, [(flagged, row)])
         else:
             operator.process_key(runner, record.key, [(record, row)])
         self._finish(node, runner)
