@@ -39,6 +39,13 @@ def spark_session(settings: Settings, app_name: str) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from millstream import jvm_archive  # not at import: `python -m` runs it as a script
+
+    config = dict(spark_log_config(settings.log_level))
+    java_options = [str(config.pop("spark.driver.extraJavaOptions", "") or "")]
+    java_options += jvm_archive.java_options(settings.jvm_archive == "auto")
+    if any(java_options):
+        config["spark.driver.extraJavaOptions"] = " ".join(o for o in java_options if o)
     spark = (
         SparkSession.builder.master(settings.spark_master)
         .appName(app_name)
@@ -54,7 +61,7 @@ def spark_session(settings: Settings, app_name: str) -> Any:
         .config("spark.python.authenticate.socketTimeout", "60s")
         # Options such as redis.url may carry a password: keep them out of Spark's logs and UI.
         .config("spark.redaction.regex", r"(?i)secret|password|token|access[.]?key|url")
-        .config(map=spark_log_config(settings.log_level))
+        .config(map=config)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel(spark_log_level(settings.log_level))

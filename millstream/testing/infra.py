@@ -570,6 +570,8 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
     os.environ.setdefault("SPARK_LOCAL_IP", HOST)
     from pyspark.sql import SparkSession
 
+    from millstream import jvm_archive  # not at import: `python -m` runs it as a script
+
     workdir.mkdir(parents=True, exist_ok=True)
     builder: Any = SparkSession.builder
     return (  # type: ignore[no-any-return]
@@ -586,6 +588,7 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
         .config("spark.python.authenticate.socketTimeout", "60s")  # as connectors.app does
         .config("spark.local.dir", str(workdir / "local"))
         .config("spark.sql.warehouse.dir", str(workdir / "warehouse"))
+        .config("spark.driver.extraJavaOptions", " ".join(jvm_archive.java_options()))
         .getOrCreate()
     )
 
