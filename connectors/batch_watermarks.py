@@ -1,4 +1,4 @@
-"""Low watermarks within a batch (DESIGN.md section 6): each computation's input watermark,
+"""Low watermarks within a batch (docs/design.md section 8): each computation's input watermark,
 its end-of-batch estimate, and what topic inputs consumed.
 
 A computation's input watermark is the minimum over its inputs: an injected stream's
@@ -156,9 +156,10 @@ class BatchWatermarks:
             self._retire_in_flight(stream)
 
     def _retire_in_flight(self, stream: str) -> None:
-        """Drop in-flight entries every consumer of the stream read past (DESIGN.md 6): pure
-        garbage collection, since `in_flight` reads entries at or beyond a consumer's offsets
-        only. A partition some consumer has not read yet keeps all its entries."""
+        """Drop in-flight entries every consumer of the stream read past (docs/design.md
+        section 8): pure garbage collection, since `in_flight` reads entries at or beyond a
+        consumer's offsets only. A partition some consumer has not read yet keeps all its
+        entries."""
         layout = SegmentLayout(self.client, self.topology.app).load()
         producers = set(self.topology.producer_of(stream))
         # Consumers in a producer's own query take the stream by hand-over, not from its topic.

@@ -1,7 +1,7 @@
 """One Structured Streaming query per application: every computation runs in each micro-batch.
 
 Cloud Dataflow's fusion with MillWheel's strong productions, the micro-batch as the delivery
-channel (DESIGN.md section 2). `FusedRunner` runs the batch protocol; each concern is a module:
+channel (docs/design.md section 3). `FusedRunner` runs the batch protocol; each concern is a module:
 
 1. *read* (`driver_read`): the batch's injected rows come to the driver once: read there,
    from the ranges in Spark's offset log, or from Spark as Arrow;
@@ -267,7 +267,7 @@ class FusedRunner:
         )
 
     def _run_batch(self, batch_df: Any, batch_id: int) -> None:
-        """DESIGN.md section 2 as one pass: read; per computation in topological order its
+        """docs/design.md section 3 as one pass: read; per computation in topological order its
         input watermark, route, run its busy shards (acquire, dedup, fire timers, run records,
         commit: `shard_task.run_shard`), publish and hand over; then deliver and acknowledge
         (started at once for productions no computation here consumes)."""

@@ -1,4 +1,4 @@
-"""The operator seam (DESIGN.md section 9): what a shard task calls, at the points of its steps.
+"""The operator seam (docs/design.md section 11): the hooks a shard task calls at its steps.
 
 `shard_task` runs the protocol (acquire, dedup, load, records, timers, commit) and calls the
 computation's operator at the points it names:

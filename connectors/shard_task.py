@@ -1,4 +1,4 @@
-"""The executor side of DESIGN.md section 2: one shard of one computation's part of a batch.
+"""The executor side of docs/design.md section 4: one shard of one computation's part of a batch.
 
 `acquire` -> `dedup` -> `load` -> operator `after_load` -> `fire_timers` -> `run_records`
 (operator `process_key`, a key's batch at a time) -> `fire_timers_at_end` -> operator
@@ -171,7 +171,7 @@ def run_shard(
 def _run_once(
     plan: BatchPlan, spec: ComputationSpec, store: ShardStore, items: list[TaskInput]
 ) -> ShardResult:
-    """DESIGN.md section 2 for one shard, one step a function, the operator called at each."""
+    """docs/design.md section 4 for one shard, one step a function, the operator called at each."""
     result = ShardResult(shard=store.keys.shard)
     operator = spec.operator
     pending = acquire(store)

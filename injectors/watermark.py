@@ -1,4 +1,4 @@
-"""Injector low-watermark estimation (DESIGN.md section 6): pure functions, no I/O.
+"""Injector low-watermark estimation (docs/design.md section 8): pure functions, no I/O.
 
 An injector cannot know the event times of records not yet written, so its watermark is an
 estimate. Per partition:

@@ -1,4 +1,8 @@
-"""The state layer: atomic, lease-guarded per-shard commits in Redis (DESIGN.md sections 2-4, 6)."""
+"""The state layer: atomic, lease-guarded per-shard commits in Redis.
+
+See docs/design.md sections 4, 5, 6 and 8: the per-shard protocol, the exactly-once argument,
+the Redis key layout and the low-watermark authority.
+"""
 
 from millstream.state.bloom import BloomFilter, BucketedBloom
 from millstream.state.client import connect

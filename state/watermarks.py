@@ -1,4 +1,4 @@
-"""The low-watermark authority (MillWheel section 5.2 / 7.2, DESIGN.md section 6).
+"""The low-watermark authority (MillWheel section 5.2 / 7.2, docs/design.md section 8).
 
 A watermark is a pair: event time drives timers and windows; system time drives catalog
 garbage collection. Both are published monotonically: a published value never decreases.
