@@ -32,6 +32,9 @@ _SECURITY_SIGNS = (
 )
 _SECURITY_CODES = {KafkaError._AUTHENTICATION, KafkaError._SSL}
 _PROBE_SETUP_TIMEOUT_MS = 10_000
+# Every bootstrap broker refusing or unresolvable this long at start-up: nothing listens there.
+# Long enough for a broker that starts beside the pipeline; a slow broker gets the full timeout.
+ALL_DOWN_FAIL_S = 10.0
 _SECRET_KEY_WORDS = ("password", "secret", "token", "jaas", "key")
 
 
@@ -49,9 +52,12 @@ class _Watch:
     def __init__(self) -> None:
         self.errors: list[KafkaError] = []
         self.lines: list[str] = []
+        self.all_down_since: float | None = None
 
     def error(self, err: KafkaError) -> None:
         self.errors.append(err)
+        if err.code() == KafkaError._ALL_BROKERS_DOWN and self.all_down_since is None:
+            self.all_down_since = time.monotonic()
 
     def log(self, level: int, fmt: str, *args: Any) -> None:  # the `logger` protocol
         line = fmt % args if args else fmt
@@ -75,7 +81,8 @@ def admin_metadata(config: Mapping[str, Any], timeout: float) -> tuple[AdminClie
     plaintext listener, a wrong SASL mechanism, bad credentials) and reports a bare "transport
     failure" when the timeout ends. Its logs and error callback name the real cause much
     earlier; this raises ConfigurationError with it (secrets redacted) as soon as it appears.
-    Raises KafkaException when the broker does not answer within `timeout` for another reason.
+    Raises KafkaException when the broker does not answer within `timeout` for another reason,
+    or sooner, once every bootstrap broker has refused or failed to resolve for ALL_DOWN_FAIL_S.
 
     For start-up checks (`ensure_topics`) only: a broker restarting mid-handshake would read as
     a security mistake too, so clients that must ride out broker restarts do not use this.
@@ -113,7 +120,10 @@ def admin_metadata(config: Mapping[str, Any], timeout: float) -> tuple[AdminClie
                     f"security.protocol={protocol}: set MILLSTREAM_KAFKA_SECURITY_PROTOCOL (and the "
                     "ssl.* / sasl.* settings) to what the broker's listener expects"
                 ) from None
-            if time.monotonic() >= deadline:
+            down = watch.all_down_since
+            if time.monotonic() >= deadline or (
+                down is not None and time.monotonic() - down >= ALL_DOWN_FAIL_S
+            ):
                 raise
 
 

@@ -10,7 +10,10 @@ JVM, Python workers) the third time a delivery reaches that step:
 - `after_kafka_commit`: the transaction committed (or, at-least-once, the records acknowledged),
   the Redis checkpoints not yet acknowledged.
 
-Restarted from the same Spark checkpoints and Redis state, every input's production must appear
+The transactional run goes through the three points in turn, each restart arming the next
+(each crash checked as it happens: the point's mark, every process gone, checkpoints stranded);
+the idempotent run crashes after the Kafka acknowledgement. Restarted at last without a crash
+point, from the same Spark checkpoints and Redis state, every input's production must appear
 exactly once, with per-key running counts 1..n (ground truth from what the test sent): in the
 marker-aware read_committed view for the transactional sink, and through `DedupReader` for the
 idempotent one. A plain read_committed consumer is checked too; on a broker that serves aborted
@@ -47,18 +50,18 @@ FIRST_WAVE = 60
 TOTAL = 200
 
 
-@pytest.mark.parametrize(
-    ("mode", "point"),
-    [
-        ("transactional", "after_redis_commit"),
-        ("transactional", "before_kafka_commit"),
-        ("transactional", "after_kafka_commit"),
-        ("idempotent", "after_kafka_commit"),
-    ],
-)
+# One run per sink: the transactional one crashes at each point in turn (restarted with the next
+# point armed), so every crash is checked where it happens and the final output for all three.
+RUNS = {
+    "transactional": ("after_redis_commit", "before_kafka_commit", "after_kafka_commit"),
+    "idempotent": ("after_kafka_commit",),
+}
+WAVE = 20
+
+
+@pytest.mark.parametrize("mode", sorted(RUNS))
 def test_kill9_between_redis_commit_and_kafka_commit(
     mode: str,
-    point: str,
     redis_url: str,
     redis_client: Any,
     redis_namespace: str,
@@ -70,7 +73,6 @@ def test_kill9_between_redis_commit_and_kafka_commit(
     source = kafka_topic_factory(partitions=2)
     sink = kafka_topic_factory(partitions=2)
     feeder = Feeder(kafka_bootstrap, source)
-    crash_file = tmp_path / "crash-points"
     base = pipeline_env(
         redis_url,
         kafka_bootstrap,
@@ -81,36 +83,49 @@ def test_kill9_between_redis_commit_and_kafka_commit(
         SINK_TARGET_MODE=mode,
         SINK_TARGET_TIMEOUT_S="20",
     )
-    crashing = {
-        **base,
-        "MILLSTREAM_TEST_CRASH_AT": f"{point}:{CRASH_ON}",
-        "MILLSTREAM_TEST_CRASH_FILE": str(crash_file),
-    }
+    points = RUNS[mode]
+    total = FIRST_WAVE + len(points) * (TOTAL - FIRST_WAVE)
 
     phase = Phases()
     feeder.send(feeder.events(0, FIRST_WAVE))
-    pipeline = start_pipeline(crashing, tmp_path)
+    sent = FIRST_WAVE
+    stranded: list[Any] = []
+    pipeline = None
     try:
-        # More input in small waves, so that later batches deliver too, until the crash point
-        # kills the pipeline.
-        sent, deadline = FIRST_WAVE, time.monotonic() + 240
-        while pipeline.alive():
-            assert time.monotonic() < deadline, f"no crash at {point}:\n{pipeline.log_tail()}"
-            if sent < TOTAL and metric(redis_client, app, "batches") > 0:
-                feeder.send(feeder.events(sent, 20))
-                sent += 20
-            time.sleep(1.0)
-        phase(f"crashed at {point} after {sent} inputs sent")
-        assert pipeline.wait_exit(10) == -9, pipeline.log_tail()
-        assert pipeline.members() == [], "a process of the pipeline survived the crash"
-        hits = crash_file.read_text().splitlines()
-        assert hits[-1] == f"CRASH {point} {CRASH_ON}", hits
-        # The crash came between the Redis commit and the Redis acknowledgement of delivery.
-        stranded = pending_productions(redis_client, app)
-        assert stranded, "the crash left no checkpointed productions behind"
+        for point in points:
+            crash_file = tmp_path / f"crash-points-{point}"
+            crashing = {
+                **base,
+                "MILLSTREAM_TEST_CRASH_AT": f"{point}:{CRASH_ON}",
+                "MILLSTREAM_TEST_CRASH_FILE": str(crash_file),
+            }
+            if pipeline is None:
+                pipeline = start_pipeline(crashing, tmp_path)
+            else:
+                pipeline.start(crashing)
+            # More input in small waves, so that later batches deliver too, until the crash
+            # point kills the pipeline.
+            batches = metric(redis_client, app, "batches")
+            deadline = time.monotonic() + 240
+            while pipeline.alive():
+                assert time.monotonic() < deadline, f"no crash at {point}:\n{pipeline.log_tail()}"
+                if sent < total and metric(redis_client, app, "batches") > batches:
+                    feeder.send(feeder.events(sent, WAVE))
+                    sent += WAVE
+                time.sleep(1.0)
+            phase(f"crashed at {point} after {sent} inputs sent")
+            assert pipeline.wait_exit(10) == -9, pipeline.log_tail()
+            assert pipeline.members() == [], "a process of the pipeline survived the crash"
+            hits = crash_file.read_text().splitlines()
+            assert hits[-1] == f"CRASH {point} {CRASH_ON}", hits
+            # The crash came between the Redis commit and the Redis acknowledgement of delivery.
+            left_behind = pending_productions(redis_client, app)
+            assert left_behind, f"the crash at {point} left no checkpointed productions behind"
+            stranded.extend(left_behind)
 
-        feeder.send(feeder.events(sent, TOTAL - sent))
+        feeder.send(feeder.events(sent, total - sent))
         truth = feeder.finish()
+        assert pipeline is not None
         pipeline.start(base)  # no crash point this time
         wait_complete(pipeline, kafka_bootstrap, sink, mode, truth)
         phase("restarted and delivered everything")
@@ -123,12 +138,13 @@ def test_kill9_between_redis_commit_and_kafka_commit(
         final_states = states(redis_client, app)
         phase("three more batches")
     finally:
-        pipeline.stop(30)
+        if pipeline is not None:
+            pipeline.stop(30)
         phase("stopped")
 
     assert_exactly_once(output, truth, (kafka_bootstrap, sink))
-    # The stranded checkpoints were delivered as they were checkpointed, under the same ids,
-    # not recomputed.
+    # The checkpoints each crash stranded were delivered as they were checkpointed, under the
+    # same ids, not recomputed (a later crash may strand one an earlier crash left: same id).
     for production in stranded:
         event = json.loads(production.value)["e"]
         assert output.production_ids[event] == production.id, event
