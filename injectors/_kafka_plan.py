@@ -246,6 +246,13 @@ class OffsetPlanner:
             return None
         return InjectorOffset(end, watermark, max(tick, start.tick))
 
+    def renew_probe(self) -> None:
+        """Drop the probe's client after a probe failed (a stalled connection): the next probe
+        connects afresh. What the planner knows stays: the outage hold (dropping it let the
+        watermark pass records the broker held back during the outage), the partitions' last
+        records, AvailableNow targets."""
+        self._probe.close()
+
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()

@@ -153,14 +153,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = self._plan().latest(begin, max_rows)
         except TransientError as exc:
             # The broker did not answer in time (e.g. still settling after a crash of this
-            # pipeline): no batch this trigger, a fresh probe client at the next one. Retrying
-            # is right here; failing the query would stop every shard for a passing stall.
+            # pipeline): no batch this trigger, a fresh probe client at the next one, the
+            # planner's outage hold kept. Retrying is right here; failing the query would stop
+            # every shard for a passing stall.
             log.warning(
                 "injector %s: no end offsets this trigger (%s); retrying", self._options.stream, exc
             )
-            planner, self._planner = self._planner, None
-            if planner is not None:
-                planner.close()
+            self._plan().renew_probe()
             return start
         # Returning `start` itself (same JSON text) tells Spark there is no new batch.
         return start if end is None else end.to_json()

@@ -25,7 +25,7 @@ from millstream.injectors._kafka_options import KafkaInjectorOptions
 from millstream.injectors._kafka_plan import OffsetPlanner
 from millstream.injectors._kafka_probe import EARLIEST, Peek
 from millstream.injectors._kafka_watch import BrokerWatch
-from millstream.injectors.kafka import KafkaRange, KafkaStreamReader
+from millstream.injectors.kafka import KafkaRange, KafkaStreamReader, ReadAllAvailable
 from millstream.injectors.watermark import (
     OutageHold,
     PartitionProgress,
@@ -496,3 +496,25 @@ def test_a_fresh_record_after_an_outage_does_not_make_held_records_late(grace: s
     log.log[("t", 0)].append((2, created))  # the other producer's held record lands
     late = back.watermark.event > created
     assert late == (grace == "0"), (back.watermark, created)
+
+
+def test_the_reader_keeps_its_outage_hold_when_a_probe_fails() -> None:
+    # The query's trigger meets the outage: latestOffset answers "no new batch" and renews the
+    # probe's client, but keeps the planner whose hold covers the records producers held back
+    # (it used to drop the planner, and with it the hold: those records came in late).
+    log = FlakyLogProbe({("t", 0): [(0, now_ms())]})
+    plan = planner(log, outageGraceMs="15000", idleSlackMs="50")
+    reader = KafkaStreamReader(plan._options)
+    reader._planner = plan
+    closed: list[bool] = []
+    log.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    caught_up = reader.latestOffset(plan.initial().to_json(), ReadAllAvailable())
+    created = now_ms()
+    log.down = True
+    assert reader.latestOffset(caught_up, ReadAllAvailable()) == caught_up  # no batch
+    assert reader._planner is plan and closed == [True]  # same planner, fresh client
+    time.sleep(0.1)
+    log.down = False
+    log.log[("t", 0)].append((1, now_ms()))  # a producer back first: a fresh record
+    back = InjectorOffset.from_json(reader.latestOffset(caught_up, ReadAllAvailable()))
+    assert back.watermark.event <= created, (back.watermark, created)  # the held one is on time
