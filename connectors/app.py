@@ -298,6 +298,7 @@ def run(
 
     settings = settings or Settings.from_env()
     configure_logging(settings.log_level)
+    log.info("settings: %s", settings.summary())
     stop = threading.Event()
 
     def _signal(signum: int, _frame: Any) -> None:

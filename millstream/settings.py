@@ -492,5 +492,9 @@ class Settings:
             out[f.name] = value
         return out
 
+    def summary(self) -> str:
+        """One line for the start-up log: every setting, secrets masked, `name=value`."""
+        return " ".join(f"{name}={value}" for name, value in self.describe().items())
+
     def __repr__(self) -> str:
         return f"Settings({self.describe()!r})"

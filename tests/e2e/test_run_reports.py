@@ -156,6 +156,10 @@ def test_run_warns_of_the_first_dead_letter_within_a_batch_and_is_quiet_otherwis
     assert len(warnings) == 1, warnings  # one reason, one WARNING
     assert "Received command" not in text and "py4j" not in text, "py4j chatter in the log"
     assert "Traceback" not in text, text[-3000:]
+    # Start-up names every setting (secrets masked: tests/unit/test_settings.py).
+    settings = [m for _, level, m in _lines(log) if level == "INFO" and m.startswith("settings: ")]
+    assert len(settings) == 1, text[-3000:]
+    assert f"app={app} " in settings[0] and " report_seconds=2 " in settings[0], settings
     summary = [m for _, _, m in _lines(log) if m.startswith(f"app {app} stopped after")]
     assert len(summary) == 1, text[-3000:]
     assert "windower 80 records" in summary[0] and "dead letters" in summary[0], summary

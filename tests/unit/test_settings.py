@@ -99,6 +99,8 @@ def test_redis_password_is_masked_in_describe_and_repr() -> None:
     assert settings.describe()["redis_url"] == "redis://app:***@redis.internal:6379/0"
     assert "s3cr3t-pw" not in repr(settings)
     assert "s3cr3t-pw" not in str(settings)
+    assert "s3cr3t-pw" not in settings.summary()  # the start-up log line
+    assert " redis_url=redis://app:***@redis.internal:6379/0 " in settings.summary()
 
 
 def test_kafka_secrets_are_masked_in_describe_and_repr() -> None:
@@ -109,6 +111,7 @@ def test_kafka_secrets_are_masked_in_describe_and_repr() -> None:
     described = settings.describe()["kafka_extra"]
     assert described == {"sasl.username": "svc", "sasl.password": "***"}
     assert "hunter2" not in repr(settings)
+    assert "hunter2" not in settings.summary()
 
 
 def test_bad_url_message_does_not_leak_the_password() -> None:
