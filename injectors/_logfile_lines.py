@@ -191,3 +191,11 @@ def fingerprint_matches(fh: BinaryIO, expected: tuple[int, int]) -> bool:
     fh.seek(0)
     head = fh.read(n)
     return len(head) == n and zlib.crc32(head) == crc
+
+
+def same_bytes(a: BinaryIO, b: BinaryIO, start: int, stop: int) -> bool:
+    """Whether two files hold the same bytes in [start, stop)."""
+    a.seek(start)
+    b.seek(start)
+    want = stop - start
+    return len(left := a.read(want)) == want and left == b.read(want)

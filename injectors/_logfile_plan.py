@@ -36,6 +36,7 @@ from millstream.injectors._logfile_lines import (
     fingerprint_matches,
     head_fingerprint,
     last_line_end,
+    same_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ class Tracked:
     created: int
     seen: int
     fp: tuple[int, int]
+    # Where its bytes are now when that is another file: the copy logrotate's copytruncate made
+    # before truncating it. The key, and so every id, stays the original's.
+    at: tuple[int, int] | None = None
 
     @property
     def key(self) -> str:
@@ -64,7 +68,8 @@ class Tracked:
 
     @property
     def inode(self) -> tuple[int, int]:
-        return self.dev, self.ino
+        """The file its unread bytes are in."""
+        return self.at or (self.dev, self.ino)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,7 @@ class Position:
             "files": {k: t.offset for k, t in sorted(self.files.items())},
             "meta": {
                 k: {"name": t.name, "created": t.created, "seen": t.seen, "fp": list(t.fp)}
+                | ({"at": list(t.at)} if t.at else {})
                 for k, t in sorted(self.files.items())
             },
             "lost": {k: [o, n] for k, (o, n) in sorted(self.lost.items())},
@@ -113,6 +119,7 @@ class Position:
                 meta["created"],
                 meta["seen"],
                 (meta["fp"][0], meta["fp"][1]),
+                (int(meta["at"][0]), int(meta["at"][1])) if "at" in meta else None,
             )
         lost = {k: (int(v[0]), str(v[1])) for k, v in offset.get("lost", {}).items()}
         event, system = offset["wm"]
@@ -328,6 +335,28 @@ class Planner:
             if fh is not None:
                 fh.close()
             gone = "vanished" if entry is None else "was truncated or replaced"
+            # Only a file still there but shorter or rewritten may have been copied first.
+            copy = self._copy_of(t, entries, prev, files) if entry is not None else None
+            if copy is not None:
+                # copytruncate: its bytes live on in the copy, at the same offsets, under its
+                # ids. Nothing is lost; what was read is not read again.
+                found, copy_fh = copy
+                handles[key] = copy_fh
+                offset = min(t.offset, found.size)  # a copy older than our reading has no more
+                files[key] = replace(
+                    t, offset=offset, name=found.name, seen=found.size, at=(found.dev, found.ino)
+                )
+                log.info(
+                    "log file %s (%s) %s; its copy %s holds its bytes: %d unread bytes from "
+                    "offset %d are read from the copy, under the same ids (copytruncate)",
+                    t.name,
+                    key,
+                    gone,
+                    found.name,
+                    max(0, found.size - offset),
+                    offset,
+                )
+                continue
             if t.seen > t.offset:
                 lost[key] = (t.offset, t.name)
                 log.warning(
@@ -341,6 +370,51 @@ class Planner:
             else:
                 log.info("log file %s (%s) %s after being read to the end", t.name, key, gone)
         return files, lost
+
+    def _copy_of(
+        self,
+        t: Tracked,
+        entries: dict[tuple[int, int], Entry],
+        prev: Position,
+        files: dict[str, Tracked],
+    ) -> tuple[Entry, BinaryIO] | None:
+        """A file no one follows that starts with `t`'s head and holds its bytes up to where
+        it was read or seen (a copy made after we read), or a prefix of them (made before)."""
+        claimed = {f.inode for f in prev.files.values()} | {f.inode for f in files.values()}
+        for inode, entry in sorted(entries.items(), key=lambda item: item[1].name):
+            if inode in claimed or t.fp[0] == 0 or entry.size < t.fp[0]:
+                continue
+            fh = open_verified(self.directory, entry.name, inode)
+            if fh is None:
+                continue
+            if fingerprint_matches(fh, t.fp):
+                return entry, fh
+            fh.close()
+        return None
+
+    def _is_copy(
+        self,
+        entry: Entry,
+        fh: BinaryIO,
+        files: dict[str, Tracked],
+        entries: dict[tuple[int, int], Entry],
+    ) -> bool:
+        """A new file that is a byte copy of a followed one's beginning (copytruncate's copy,
+        made before the original is truncated): its head and its last bytes match the followed
+        file's at the same offsets. The original's truncation then hands it over (`_copy_of`);
+        until that, picking it up would read those bytes twice under new ids."""
+        for t in files.values():
+            original = entries.get(t.inode)
+            if original is None or not 0 < t.fp[0] <= entry.size <= original.size:
+                continue
+            if not fingerprint_matches(fh, t.fp):
+                continue
+            other = open_verified(self.directory, original.name, t.inode)
+            if other is None:
+                continue
+            with other:
+                return same_bytes(fh, other, max(0, entry.size - FINGERPRINT_BYTES), entry.size)
+        return False
 
     def _discover(
         self,
@@ -359,6 +433,10 @@ class Planner:
             if fh is None:
                 if os.path.exists(os.path.join(self.directory, entry.name)):
                     log.warning("log file %s matches but cannot be opened; not read", entry.name)
+                continue
+            if self._is_copy(entry, fh, files, entries):
+                log.debug("log file %s is a copy of a followed file: not picked up", entry.name)
+                fh.close()
                 continue
             created = entry.mtime_ms
             first = self.first_timestamp(fh)

@@ -44,6 +44,7 @@ class FileSlice(InputPartition):
     limit: int
     owns_first: bool
     system_time: int
+    at: tuple[int, int] | None = None  # the copy holding the bytes (copytruncate), if any
 
 
 @dataclass
@@ -74,6 +75,7 @@ def slices(start: Position, end: Position, bytes_per_partition: int) -> list[Inp
                     t.offset,
                     chunk == lo,
                     system_time,
+                    t.at,
                 )
             )
     for key, (offset, name) in sorted(end.lost.items()):
@@ -81,22 +83,42 @@ def slices(start: Position, end: Position, bytes_per_partition: int) -> list[Inp
     return out
 
 
-def find_file(directory: str, key: str, name: str, fp: tuple[int, int]) -> BinaryIO | None:
-    """Open the file generation `key`: under its planned name, else wherever rotation moved it."""
+def find_file(
+    directory: str,
+    key: str,
+    name: str,
+    fp: tuple[int, int],
+    at: tuple[int, int] | None = None,
+    limit: int = 0,
+) -> BinaryIO | None:
+    """Open the file generation `key` (its bytes in the file `at`, when planned there): under
+    its planned name, else wherever rotation moved it, else a copy of it (a slice planned
+    before copytruncate, read again after it: the copy holds the same bytes up to `limit`)."""
     dev, ino, _ = split_key(key)
-    fh = open_verified(directory, name, (dev, ino))
+    inode = at or (dev, ino)
+    fh = open_verified(directory, name, inode)
+    names = sorted(os.listdir(directory))
     if fh is None:
-        for other in sorted(os.listdir(directory)):
+        for other in names:
             try:
                 st = os.stat(os.path.join(directory, other))
             except OSError:
                 continue
-            if (st.st_dev, st.st_ino) == (dev, ino):
-                fh = open_verified(directory, other, (dev, ino))
+            if (st.st_dev, st.st_ino) == inode:
+                fh = open_verified(directory, other, inode)
                 break
     if fh is not None and not fingerprint_matches(fh, fp):
         fh.close()  # the inode now holds another file
-        return None
+        fh = None
+    if fh is None and fp[0] > 0:
+        for other in names:
+            try:
+                copy = open(os.path.join(directory, other), "rb")  # noqa: SIM115 - returned
+            except OSError:
+                continue
+            if os.fstat(copy.fileno()).st_size >= limit and fingerprint_matches(copy, fp):
+                return copy
+            copy.close()
     return fh
 
 
@@ -152,7 +174,7 @@ class SliceReader:
 
     def _read_file(self, part: FileSlice) -> Iterator[pa.RecordBatch]:
         out = _Columns()
-        fh = find_file(self.directory, part.key, part.name, part.fp)
+        fh = find_file(self.directory, part.key, part.name, part.fp, part.at, part.limit)
         if fh is None:
             self._error(
                 out,

@@ -60,8 +60,15 @@ Decisions:
 
 Limits: the directory must be visible at the same path on the driver and every executor (local
 mode or a shared mount). Files are followed within the directory only; a file rotated into
-another directory or compressed into a new file is not. A file rewritten in place (copytruncate)
-is recognised as new when it shrinks below the read position or its first 64 bytes change.
+another directory or compressed into a new file is not.
+
+Rotation, both of logrotate's ways. Rename (the default): the file keeps its identity under its
+new name, and a writer still appending to it is read until it is finished. copytruncate: when a
+followed file shrinks below the read position or its first 64 bytes change while another file in
+the directory starts with the same bytes, that copy holds the rest of it: it is read from the
+copy at the same offsets under the same ids (a log line says so), and the truncated file is read
+afresh as a new file. A copy seen before the truncation is not picked up as a file of its own.
+Only bytes no file holds any more are reported lost (an error row).
 """
 
 from __future__ import annotations

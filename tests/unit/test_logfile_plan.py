@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -145,6 +146,81 @@ def test_inode_reuse_after_truncation_starts_a_new_generation(tmp_path: Path) ->
     assert "lost" in lost["error"] and "app.log" in lost["error"]
     ids_before = {r["id"] for r in rows(tmp_path, Position.initial(), p1)}
     assert not ids_before & {r["id"] for r in got}
+
+
+def copytruncate(log: Path, copy: Path, then: bytes = b"") -> None:
+    """logrotate's copytruncate: copy the file, then truncate it in place (same inode)."""
+    shutil.copyfile(log, copy)
+    with open(log, "r+b") as fh:
+        fh.truncate(0)
+    write(log, then)
+
+
+@pytest.mark.parametrize("pattern", ["*.log", "app.log*"])
+def test_copytruncate_reads_the_rest_from_the_copy_under_the_same_ids(
+    tmp_path: Path, pattern: str
+) -> None:
+    # Whether the pattern picks up the copy or not: the lines written after the last scan are
+    # read from the copy with the ids they would have had, nothing is read twice or reported
+    # lost, and what the writer writes into the truncated file is a new generation.
+    log = tmp_path / "app.log"
+    write(log, line("a", T0) + line("b", T0))
+    planner = Planner(
+        str(tmp_path), pattern, RULES, partial(first_line_timestamp, JsonLinesParser())
+    )
+    p1 = planner.plan(Position.initial(), T0, Budget())
+    first = rows(tmp_path, Position.initial(), p1)
+    (key,) = p1.files
+    write(log, line("c", T0 + 1))  # written after the scan, before the rotation
+    copytruncate(log, tmp_path / "app.log.1", then=line("d", T0 + 2))
+    p2 = planner.plan(p1, T0 + 10, Budget())
+    assert p2.lost == {}
+    assert p2.files[key].name == "app.log.1" and p2.files[key].at is not None
+    got = rows(tmp_path, p1, p2)
+    assert keys(got) == [b"c", b"d"] and all(r["error"] is None for r in got)
+    (c,) = [r for r in got if r["key"] == b"c"]
+    assert c["source"] == key  # the original's identity: its ids
+    (d,) = [r for r in got if r["key"] == b"d"]
+    assert d["source"] != key and d["source"].split(":")[:2] == key.split(":")[:2]
+    assert not {r["id"] for r in first} & {r["id"] for r in got}
+    # The position survives Spark's offset log, copy and all; nothing more to read.
+    assert Position.from_offset(json.loads(json.dumps(p2.to_offset()))) == p2
+    p3 = planner.plan(p2, T0 + 20, Budget())
+    assert rows(tmp_path, p2, p3) == []
+
+
+def test_a_copy_seen_before_the_truncation_is_not_read_as_a_new_file(tmp_path: Path) -> None:
+    log = tmp_path / "app.log"
+    write(log, line("a", T0) + line("b", T0))
+    planner = Planner(
+        str(tmp_path), "app.log*", RULES, partial(first_line_timestamp, JsonLinesParser())
+    )
+    p1 = planner.plan(Position.initial(), T0, Budget())
+    shutil.copyfile(log, tmp_path / "app.log.1")  # logrotate copied; the truncation comes next
+    p2 = planner.plan(p1, T0 + 1, Budget())
+    assert [t.name for t in p2.files.values()] == ["app.log"]
+    assert rows(tmp_path, p1, p2) == []
+    with open(log, "r+b") as fh:
+        fh.truncate(0)
+    write(log, line("d", T0 + 2))
+    p3 = planner.plan(p2, T0 + 2, Budget())
+    assert keys(rows(tmp_path, p2, p3)) == [b"d"] and p3.lost == {}
+    # A file that only starts like a followed one is a file of its own, and is read.
+    write(tmp_path / "app.log.2", line("a", T0) + line("x", T0))
+    p4 = planner.plan(p3, T0 + 3, Budget())
+    assert keys(rows(tmp_path, p3, p4)) == [b"a", b"x"]
+
+
+def test_a_batch_planned_before_copytruncate_reads_the_same_rows_after_it(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "app.log"
+    write(log, line("a", T0) + line("b", T0))
+    planner = make_planner(tmp_path)
+    p1 = planner.plan(Position.initial(), T0, Budget())
+    before = rows(tmp_path, Position.initial(), p1)
+    copytruncate(log, tmp_path / "app.log.1", then=line("d", T0 + 2))
+    assert rows(tmp_path, Position.initial(), p1) == before  # Spark replays the batch
 
 
 def test_vanished_file_read_to_the_end_is_forgotten_quietly(tmp_path: Path) -> None:
