@@ -181,6 +181,21 @@ def scan_directory(directory: str, pattern: str) -> dict[tuple[int, int], Entry]
     return out
 
 
+# Rotated names ending so are compressed copies (logrotate's `compress`), not lines to read.
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4", ".Z")
+
+
+def rotated_name(name: str, pattern: str) -> bool:
+    """`name` is a name logrotate gives a file matching `pattern` when it rotates it
+    (`app.log.1`, `app.log-20261127`), and not a compressed one."""
+    if name.endswith(COMPRESSED):
+        return False
+    for cut in range(len(name) - 1, 0, -1):
+        if name[cut] in ".-" and fnmatch.fnmatchcase(name[:cut], pattern):
+            return True
+    return False
+
+
 def open_verified(directory: str, name: str, inode: tuple[int, int]) -> BinaryIO | None:
     """Open `name` if it still is the file with `inode` (it may have been renamed since)."""
     try:
@@ -284,7 +299,8 @@ class Planner:
             files, lost = self._reconcile(prev, entries, handles)
             # A new generation's `born` exceeds every earlier plan time, so no key is ever reused.
             born = max(now, prev.wm[1] + 1)
-            if self._discover(files, entries, handles, born):
+            since = None if prev.wm[1] == NOTHING_KNOWN else prev.wm[1]
+            if self._discover(files, entries, handles, born, since):
                 now = born
             files = self._admit(files, entries, handles, budget)
             unread = self._unread(files, entries, handles)
@@ -422,12 +438,21 @@ class Planner:
         entries: dict[tuple[int, int], Entry],
         handles: dict[str, BinaryIO],
         born: int,
+        since: int | None,
     ) -> bool:
-        """Start following files that match the pattern and are not followed yet."""
+        """Start following files that match the pattern and are not followed yet, and files
+        named as rotated ones (`app.log.1`) written since the last plan (`since`): a file
+        created and rotated while the pipeline was down, never seen under its first name."""
         followed = {t.inode for t in files.values()}
         found = False
         for inode, entry in entries.items():
-            if not entry.matched or inode in followed:
+            if inode in followed:
+                continue
+            if not entry.matched and not (
+                since is not None
+                and entry.mtime_ms >= since
+                and rotated_name(entry.name, self.pattern)
+            ):
                 continue
             fh = open_verified(self.directory, entry.name, inode)
             if fh is None:

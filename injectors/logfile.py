@@ -63,7 +63,9 @@ mode or a shared mount). Files are followed within the directory only; a file ro
 another directory or compressed into a new file is not.
 
 Rotation, both of logrotate's ways. Rename (the default): the file keeps its identity under its
-new name, and a writer still appending to it is read until it is finished. copytruncate: when a
+new name, and a writer still appending to it is read until it is finished; a file created and
+rotated while the pipeline was down is picked up under its rotated name (`app.log.1`, not a
+compressed `.gz`) when it was written since the last plan. copytruncate: when a
 followed file shrinks below the read position or its first 64 bytes change while another file in
 the directory starts with the same bytes, that copy holds the rest of it: it is read from the
 copy at the same offsets under the same ids (a log line says so), and the truncated file is read

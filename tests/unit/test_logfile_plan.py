@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from functools import partial
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from millstream.injectors._logfile_plan import (
     Rules,
     event_watermark,
     is_finished,
+    rotated_name,
     scan_directory,
 )
 from millstream.injectors._logfile_read import FileSlice, LostSlice, SliceReader, slices
@@ -221,6 +223,32 @@ def test_a_batch_planned_before_copytruncate_reads_the_same_rows_after_it(
     before = rows(tmp_path, Position.initial(), p1)
     copytruncate(log, tmp_path / "app.log.1", then=line("d", T0 + 2))
     assert rows(tmp_path, Position.initial(), p1) == before  # Spark replays the batch
+
+
+def test_a_file_created_and_rotated_while_the_pipeline_was_down_is_read(tmp_path: Path) -> None:
+    now = int(time.time() * 1000)
+    write(tmp_path / "app.log.7", line("history", now), mtime_ms=now - 60_000)
+    write(tmp_path / "app.log", line("a", now))
+    planner = make_planner(tmp_path)
+    p1 = planner.plan(Position.initial(), now, Budget())
+    assert keys(rows(tmp_path, Position.initial(), p1)) == [b"a"]  # *.log only, at first
+    # Down: app.log rotated to app.log.1, a new app.log written and rotated to app.log.2
+    # (never seen as app.log), a third app.log, and logrotate's compressed copy of an old one.
+    time.sleep(0.01)
+    os.rename(tmp_path / "app.log", tmp_path / "app.log.1")
+    write(tmp_path / "app.log.2", line("b", now + 1))
+    write(tmp_path / "app.log", line("c", now + 2))
+    write(tmp_path / "app.log.3.gz", b"\x1f\x8b not lines")
+    p2 = planner.plan(p1, now + 1_000, Budget())
+    assert sorted(keys(rows(tmp_path, p1, p2))) == [b"b", b"c"]
+    assert sorted(t.name for t in p2.files.values()) == ["app.log", "app.log.1", "app.log.2"]
+
+
+def test_rotated_names() -> None:
+    for name in ("app.log.1", "app.log-20261127", "app.log.12"):
+        assert rotated_name(name, "*.log"), name
+    for name in ("app.log.1.gz", "app.txt.1", "notes", "app.log"):
+        assert not rotated_name(name, "*.log"), name
 
 
 def test_vanished_file_read_to_the_end_is_forgotten_quietly(tmp_path: Path) -> None:

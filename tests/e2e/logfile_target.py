@@ -1,0 +1,57 @@
+"""A log-file pipeline at the injector's default options (`tests.e2e.logfile_target:topology`),
+for the rotation end-to-end test.
+
+JSON lines `{"key", "ts", "e"}` from the directory LOGFILE_TARGET_DIR (`*.log`): `counter`
+keeps, per key, how many lines it applied; `tumbling` counts them per key and 1 s window (a
+lifted window operator); `collector` keeps every window result it receives per key, recording
+one received twice under "again". Exactly-once and window closure are read from their state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from millstream import (
+    Computation,
+    Context,
+    Count,
+    Record,
+    Topology,
+    Tumbling,
+    json_field,
+    logfile_source,
+)
+
+SHARDS = 2
+WINDOW = Tumbling(1_000)
+
+
+class Counter(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_state(ctx.get_state(0) + 1)
+
+
+class Collector(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        body = json.loads(record.value)
+        state = ctx.get_state({"windows": {}, "again": []})
+        name = f"{body['start']}|{body['end']}"
+        if name in state["windows"] or body["update"]:
+            state["again"].append(name)
+        state["windows"][name] = body["result"]
+        ctx.set_state(state)
+
+
+def topology() -> Topology:
+    built = Topology(os.environ["MILLSTREAM_APP"])
+    built.source("lines", logfile_source(os.environ["LOGFILE_TARGET_DIR"]))
+    built.computation("counter", Counter(), inputs=["lines"], shards=SHARDS)
+    built.window(
+        "tumbling", stream="lines", window=WINDOW, aggregate=Count(), output="windows",
+        shards=SHARDS,
+    )  # fmt: skip
+    built.computation(
+        "collector", Collector(), inputs={"windows": json_field("key")}, shards=SHARDS
+    )
+    return built
