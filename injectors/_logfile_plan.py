@@ -26,7 +26,7 @@ import logging
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
 from millstream.injectors._logfile_lines import (
@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 
 OFFSET_VERSION = 1
 NOTHING_KNOWN = 0  # the initial watermark: below every real millisecond timestamp
+# Rotation events a position counts: a truncated file read on from its copy (copytruncate), a
+# file picked up under its rotated name (created and rotated while the pipeline was down), a
+# file whose unread bytes no file holds any more (an error row each).
+COPIED, UNSEEN, LOST = "copytruncated", "rotated_unseen", "lost"
+EVENTS = (COPIED, UNSEEN, LOST)
 
 
 # --- the offset ----------------------------------------------------------------------------------
@@ -80,6 +85,8 @@ class Position:
     lost: dict[str, tuple[int, str]]
     wm: tuple[int, int]
     tick: int
+    # What rotation did, counted since the checkpoint began (EVENTS): published as counters.
+    counts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def initial(cls) -> Position:
@@ -95,6 +102,7 @@ class Position:
                 for k, t in sorted(self.files.items())
             },
             "lost": {k: [o, n] for k, (o, n) in sorted(self.lost.items())},
+            **({"counts": dict(sorted(self.counts.items()))} if self.counts else {}),
             "wm": list(self.wm),
             "tick": self.tick,
         }
@@ -123,13 +131,15 @@ class Position:
             )
         lost = {k: (int(v[0]), str(v[1])) for k, v in offset.get("lost", {}).items()}
         event, system = offset["wm"]
-        return cls(files, lost, (int(event), int(system)), int(offset["tick"]))
+        counts = {str(k): int(v) for k, v in offset.get("counts", {}).items()}
+        return cls(files, lost, (int(event), int(system)), int(offset["tick"]), counts)
 
     def same_as(self, other: Position) -> bool:
         """Equal apart from the plan time: nothing for a new batch to do or to announce."""
         return (
             self.files == other.files
             and self.lost == other.lost
+            and self.counts == other.counts
             and self.wm[0] == other.wm[0]
             and self.tick == other.tick
         )
@@ -296,11 +306,12 @@ class Planner:
             }
         handles: dict[str, BinaryIO] = {}
         try:
-            files, lost = self._reconcile(prev, entries, handles)
+            counts = dict(prev.counts)
+            files, lost = self._reconcile(prev, entries, handles, counts)
             # A new generation's `born` exceeds every earlier plan time, so no key is ever reused.
             born = max(now, prev.wm[1] + 1)
             since = None if prev.wm[1] == NOTHING_KNOWN else prev.wm[1]
-            if self._discover(files, entries, handles, born, since):
+            if self._discover(files, entries, handles, born, since, counts):
                 now = born
             files = self._admit(files, entries, handles, budget)
             unread = self._unread(files, entries, handles)
@@ -308,7 +319,7 @@ class Planner:
             for fh in handles.values():
                 fh.close()
         wm_event = self._watermark(files, entries, now, tick, unread)
-        nxt = Position(files, lost, (max(prev.wm[0], wm_event), prev.wm[1]), tick)
+        nxt = Position(files, lost, (max(prev.wm[0], wm_event), prev.wm[1]), tick, counts)
         if nxt.same_as(prev):
             return prev
         return replace(nxt, wm=(nxt.wm[0], now))
@@ -331,6 +342,7 @@ class Planner:
         prev: Position,
         entries: dict[tuple[int, int], Entry],
         handles: dict[str, BinaryIO],
+        counts: dict[str, int],
     ) -> tuple[dict[str, Tracked], dict[str, tuple[int, str]]]:
         """Follow each tracked file to its current name; drop vanished or replaced ones."""
         files: dict[str, Tracked] = {}
@@ -362,6 +374,7 @@ class Planner:
                 files[key] = replace(
                     t, offset=offset, name=found.name, seen=found.size, at=(found.dev, found.ino)
                 )
+                counts[COPIED] = counts.get(COPIED, 0) + 1
                 log.info(
                     "log file %s (%s) %s; its copy %s holds its bytes: %d unread bytes from "
                     "offset %d are read from the copy, under the same ids (copytruncate)",
@@ -375,6 +388,7 @@ class Planner:
                 continue
             if t.seen > t.offset:
                 lost[key] = (t.offset, t.name)
+                counts[LOST] = counts.get(LOST, 0) + 1
                 log.warning(
                     "log file %s (%s) %s with bytes from offset %d unread; they are reported "
                     "as an error row",
@@ -439,6 +453,7 @@ class Planner:
         handles: dict[str, BinaryIO],
         born: int,
         since: int | None,
+        counts: dict[str, int],
     ) -> bool:
         """Start following files that match the pattern and are not followed yet, and files
         named as rotated ones (`app.log.1`) written since the last plan (`since`): a file
@@ -480,6 +495,11 @@ class Planner:
             files[t.key] = t
             handles[t.key] = fh
             found = True
+            if not entry.matched:
+                counts[UNSEEN] = counts.get(UNSEEN, 0) + 1
+                log.info(
+                    "log file %s was created and rotated unseen: read under that name", entry.name
+                )
         return found
 
     def _admit(

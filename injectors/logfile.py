@@ -75,6 +75,7 @@ Only bytes no file holds any more are reported lost (an error row).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -117,6 +118,7 @@ from millstream.injectors._logfile_plan import (
 from millstream.injectors._logfile_read import SliceReader, slices
 from millstream.injectors.schema import INJECTED_SCHEMA
 
+log = logging.getLogger(__name__)
 SHORT_NAME = "millstream-logfile"
 FORMATS = ("jsonl", "text")
 MISSING_TIMESTAMP = ("error", "system")
@@ -398,6 +400,8 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return  # already raised at least this far by this process
         publish_watermark(self.settings, position.wm)
         self._published = position.wm
+        if position.counts:
+            publish_counts(self.settings, position.counts)
 
     # --- executors -----------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -469,6 +473,22 @@ def publish_watermark(settings: LogFileOptions, wm: tuple[int, int]) -> None:
             f"publishing the watermark of stream {settings.stream!r} failed: {exc}; check that "
             "Redis is up (the query fails, and on restart the batch commits and publishes again)"
         ) from exc
+
+
+def publish_counts(settings: LogFileOptions, counts: dict[str, int]) -> None:
+    """What rotation did (`_logfile_plan.EVENTS`), for `millstream status`: the counts this
+    checkpoint's positions carry, so a replayed or re-published batch sets the same values."""
+    from millstream.state.client import connect
+    from millstream.state.keys import INJECTOR_EVENTS, app_key
+
+    assert settings.redis_url is not None and settings.app is not None
+    key = app_key(settings.app, INJECTOR_EVENTS, settings.stream)
+    try:
+        connect(settings.redis_url).hset(
+            key, mapping={f"{settings.instance}|{name}": n for name, n in counts.items()}
+        )
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.warning("log-file counters of %s not published this batch: %s", settings.stream, exc)
 
 
 __all__ = ["SHORT_NAME", "LogFileInjector", "LogFileOptions", "LogFileStreamReader"]

@@ -147,6 +147,10 @@ def _render_status(snapshot: dict[str, Any], as_json: bool) -> str:
                 else ""
             )
         )
+    for stream, counts in snapshot.get("injectors", {}).items():
+        if counts:
+            told = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
+            lines.append(f"  stream {stream} (log files): {told}")
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from millstream.state.keys import ShardKeys, app_key
+from millstream.state.keys import INJECTOR_EVENTS, ShardKeys, app_key
 from millstream.state.watermarks import INFINITY, UNKNOWN, WatermarkAuthority, now_ms
 
 # Upper bounds (seconds) of the batch duration histogram: a batch costs 0.1 s to minutes.
@@ -39,11 +39,27 @@ def committed_counters(
     return total
 
 
+def injector_events(client: Any, app: str) -> dict[str, dict[str, int]]:
+    """Per injected stream, what its injector counted (the log-file injector's rotations:
+    copytruncated, rotated_unseen, lost), summed over its instances."""
+    prefix = app_key(app, INJECTOR_EVENTS, "")
+    out: dict[str, dict[str, int]] = {}
+    for raw in sorted(client.scan_iter(match=prefix + "*", count=1000)):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        totals: dict[str, int] = {}
+        for field, value in client.hgetall(key).items():
+            name = (field.decode() if isinstance(field, bytes) else str(field)).rsplit("|", 1)[-1]
+            totals[name] = totals.get(name, 0) + int(value)
+        out[key[len(prefix) :]] = totals
+    return out
+
+
 def status(client: Any, app: str) -> dict[str, Any]:
     """A JSON-able snapshot; never includes URLs or credentials."""
     authority = WatermarkAuthority(client, app)
     now = now_ms()
     out: dict[str, Any] = {"app": app, "at": now, "computations": {}}
+    out["injectors"] = injector_events(client, app)
     for name in computations_of(client, app):
         metrics = {
             k.decode(): v.decode() for k, v in client.hgetall(app_key(app, "metrics", name)).items()

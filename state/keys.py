@@ -85,6 +85,11 @@ class ShardKeys:
         return f"{self.tag}:metrics"
 
 
+# An injector's counters per stream (`app_key(app, INJECTOR_EVENTS, stream)`): what the log-file
+# injector's rotation handling did, shown by `millstream status`.
+INJECTOR_EVENTS = "injector-events"
+
+
 def app_key(app: str, *parts: str) -> str:
     """Keys of the application (watermark authority, registry); tagged per app."""
     return ":".join((f"ms:{{{app}}}", *parts))

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from millstream.status import committed_counters
+from millstream.status import committed_counters, status
 from millstream.testing.process import PipelineProcess
 from tests.e2e.conftest import shard_states
 from tests.e2e.logfile_target import SHARDS, WINDOW
@@ -171,4 +171,7 @@ def test_rotations_both_ways_and_a_sigkill_at_default_options(
         counters = committed_counters(redis_client, app, computation, SHARDS)
         assert counters.get("records") == len(writer.lines), (computation, counters)
         assert counters.get("late", 0) == 0 and counters.get("dead_letters", 0) == 0, counters
+    # What rotation did is counted where an operator looks (`millstream status`).
+    told = status(redis_client, app)["injectors"]["lines"]
+    assert told.get("copytruncated") == 1 and told.get("lost", 0) == 0, told
     assert closed_after <= CLOSE_WITHIN_S, f"the last window closed {closed_after:.1f} s late"

@@ -141,6 +141,7 @@ def test_inode_reuse_after_truncation_starts_a_new_generation(tmp_path: Path) ->
     (new_key,) = p2.files
     assert new_key.split(":")[:2] == old_key.split(":")[:2]  # same (dev, ino), new generation
     assert p2.lost == {old_key: (p1.files[old_key].offset, "app.log")}  # the partial line
+    assert p2.counts == {"lost": 1}
     got = rows(tmp_path, p1, p2)
     assert [r["key"] for r in got if r["error"] is None] == [b"zz"]
     (lost,) = [r for r in got if r["error"] is not None]
@@ -176,7 +177,7 @@ def test_copytruncate_reads_the_rest_from_the_copy_under_the_same_ids(
     write(log, line("c", T0 + 1))  # written after the scan, before the rotation
     copytruncate(log, tmp_path / "app.log.1", then=line("d", T0 + 2))
     p2 = planner.plan(p1, T0 + 10, Budget())
-    assert p2.lost == {}
+    assert p2.lost == {} and p2.counts == {"copytruncated": 1}
     assert p2.files[key].name == "app.log.1" and p2.files[key].at is not None
     got = rows(tmp_path, p1, p2)
     assert keys(got) == [b"c", b"d"] and all(r["error"] is None for r in got)
@@ -242,6 +243,7 @@ def test_a_file_created_and_rotated_while_the_pipeline_was_down_is_read(tmp_path
     p2 = planner.plan(p1, now + 1_000, Budget())
     assert sorted(keys(rows(tmp_path, p1, p2))) == [b"b", b"c"]
     assert sorted(t.name for t in p2.files.values()) == ["app.log", "app.log.1", "app.log.2"]
+    assert p2.counts == {"rotated_unseen": 1}
 
 
 def test_rotated_names() -> None:
