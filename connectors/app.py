@@ -298,7 +298,6 @@ def run(
 
     settings = settings or Settings.from_env()
     configure_logging(settings.log_level)
-    log.info("settings: %s", settings.summary())
     stop = threading.Event()
 
     def _signal(signum: int, _frame: Any) -> None:
@@ -309,6 +308,8 @@ def run(
     try:
         with contextlib.ExitStack() as stack:
             ends = stack.enter_context(endpoints(settings, embedded=embedded))
+            # Once the endpoints are settled: a missing one is a one-line error, nothing else.
+            log.info("settings: %s", settings.summary())
             app = Application(topology, settings, ends, spark=None)
             stack.enter_context(
                 serve_metrics(settings, ends.redis_url, topology.app, lambda: app.spark)
