@@ -3,13 +3,13 @@ for the rotation end-to-end test.
 
 JSON lines `{"key", "ts", "e"}` from the directory LOGFILE_TARGET_DIR (`*.log`): `counter`
 keeps, per key, how many lines it applied; `tumbling` counts them per key and 1 s window (a
-lifted window operator); `collector` keeps every window result it receives per key, recording
-one received twice under "again". Exactly-once and window closure are read from their state.
+lifted window operator); `collector` (the windows test's) keeps every window result it receives
+per key as `"windows|<start>|<end>"`, recording one received twice under "again". Exactly-once
+and window closure are read from their state.
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 from millstream import (
@@ -22,6 +22,7 @@ from millstream import (
     json_field,
     logfile_source,
 )
+from tests.e2e.windows_target import Collector
 
 SHARDS = 2
 WINDOW = Tumbling(1_000)
@@ -30,17 +31,6 @@ WINDOW = Tumbling(1_000)
 class Counter(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
         ctx.set_state(ctx.get_state(0) + 1)
-
-
-class Collector(Computation):
-    def process_record(self, ctx: Context, record: Record) -> None:
-        body = json.loads(record.value)
-        state = ctx.get_state({"windows": {}, "again": []})
-        name = f"{body['start']}|{body['end']}"
-        if name in state["windows"] or body["update"]:
-            state["again"].append(name)
-        state["windows"][name] = body["result"]
-        ctx.set_state(state)
 
 
 def topology() -> Topology:

@@ -139,7 +139,7 @@ def test_rotations_both_ways_and_a_sigkill_at_default_options(
         want: dict[str, dict[str, int]] = {}
         for _, key, ts in writer.lines:
             start = ts - ts % WINDOW.size_ms
-            name = f"{start}|{start + WINDOW.size_ms}"
+            name = f"windows|{start}|{start + WINDOW.size_ms}"
             want.setdefault(key, {})[name] = want.setdefault(key, {}).get(name, 0) + 1
         expected = sum(len(w) for w in want.values())
         try:
