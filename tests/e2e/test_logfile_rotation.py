@@ -8,7 +8,8 @@ pattern matches, then truncated in place while the writer keeps appending). The 
 window results) is SIGKILLed 5 s in and started again at once. Against ground truth the writer
 records: every line applied exactly once, every window of the run produced once with its exact
 count, nothing late or dead-lettered, and the last window closed within a few seconds of the
-writer stopping.
+writer stopping (counted from when the pipeline had caught up, if that was later: the restart's
+catch-up is not what is measured).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ SECONDS = 20.0
 ROTATE_EVERY_S = 4.0
 COPYTRUNCATE_AT = 2  # the second rotation copies and truncates; the others rename
 KEYS = 8
-CLOSE_WITHIN_S = 15.0  # the idle slack (2 s) plus batches, with margin for a loaded machine
+CLOSE_WITHIN_S = 10.0  # the idle slack (2 s), the 1 s window and batches, with margin
 
 
 class LogWriter(threading.Thread):
@@ -144,12 +145,15 @@ def test_rotations_both_ways_and_a_sigkill_at_default_options(
         expected = sum(len(w) for w in want.values())
         try:
             pipeline.wait_for(
-                lambda: (
-                    applied() >= len(writer.lines)
-                    and sum(len(w) for w in windows().values()) >= expected
-                ),
+                lambda: applied() >= len(writer.lines), 120, f"{len(writer.lines)} lines applied"
+            )
+            # Caught up: from here (or from the writer's last line, if later) only the
+            # watermark stands between the last windows and their results.
+            caught_up = max(time.monotonic(), writer.stopped_at)
+            pipeline.wait_for(
+                lambda: sum(len(w) for w in windows().values()) >= expected,
                 120,
-                f"{len(writer.lines)} lines applied and {expected} windows closed",
+                f"{expected} windows closed",
             )
         except AssertionError as exc:
             got = sum(len(w) for w in windows().values())
@@ -157,8 +161,12 @@ def test_rotations_both_ways_and_a_sigkill_at_default_options(
             raise AssertionError(
                 f"{exc}\napplied {applied()}, windows {got}, counter's counters {counters}"
             ) from None
-        closed_after = time.monotonic() - writer.stopped_at
-        phase(f"every line applied and every window closed {closed_after:.1f} s after the writer")
+        done = time.monotonic()
+        closed_after = done - caught_up
+        phase(
+            f"every line applied {caught_up - writer.stopped_at:.1f} s after the writer stopped, "
+            f"every window closed {closed_after:.1f} s after that"
+        )
         time.sleep(2.0)  # a (wrong) second delivery of a window would land by now
     finally:
         pipeline.stop(30)
