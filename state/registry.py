@@ -29,6 +29,8 @@ from typing import Any
 
 import mmh3
 
+from millstream.state.client import RedisClient
+
 DAY_MS = 86_400_000
 
 # KEYS[1] the bucket; ARGV expire-at (s), now (ms), then id, token pairs. Per id: 1 inserted,
@@ -119,7 +121,7 @@ class Answer:
 class IdRegistry:
     def __init__(
         self,
-        client: Any,
+        client: RedisClient,
         name: str,
         *,
         layout: RegistryLayout | None = None,
