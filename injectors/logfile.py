@@ -346,6 +346,7 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # AvailableNow: the files and sizes present when the trigger started, and that moment.
         self._snapshot: tuple[dict[tuple[int, int], int], int] | None = None
         self._published: tuple[int, int] | None = None  # skips needless Redis round trips
+        self._published_counts: dict[str, int] = {}
 
     # --- Spark calls (driver) ----------------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
@@ -400,8 +401,9 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return  # already raised at least this far by this process
         publish_watermark(self.settings, position.wm)
         self._published = position.wm
-        if position.counts:
-            publish_counts(self.settings, position.counts)
+        changed = position.counts and position.counts != self._published_counts
+        if changed and publish_counts(self.settings, position.counts):
+            self._published_counts = dict(position.counts)  # no write again until they move
 
     # --- executors -----------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -475,7 +477,7 @@ def publish_watermark(settings: LogFileOptions, wm: tuple[int, int]) -> None:
         ) from exc
 
 
-def publish_counts(settings: LogFileOptions, counts: dict[str, int]) -> None:
+def publish_counts(settings: LogFileOptions, counts: dict[str, int]) -> bool:
     """What rotation did (`_logfile_plan.EVENTS`), for `millstream status`: the counts this
     checkpoint's positions carry, so a replayed or re-published batch sets the same values."""
     from millstream.state.client import connect
@@ -489,6 +491,8 @@ def publish_counts(settings: LogFileOptions, counts: dict[str, int]) -> None:
         )
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         log.warning("log-file counters of %s not published this batch: %s", settings.stream, exc)
+        return False
+    return True
 
 
 __all__ = ["SHORT_NAME", "LogFileInjector", "LogFileOptions", "LogFileStreamReader"]
