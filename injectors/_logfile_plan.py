@@ -21,14 +21,20 @@ after deletion, which filesystems do freely (detected by the head fingerprint).
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
+from millstream.injectors._logfile_directory import (
+    Entry,
+    copy_of,
+    is_copy,
+    open_verified,
+    rotated_name,
+    scan_directory,
+)
 from millstream.injectors._logfile_lines import (
     FINGERPRINT_BYTES,
     advance_bytes,
@@ -36,7 +42,6 @@ from millstream.injectors._logfile_lines import (
     fingerprint_matches,
     head_fingerprint,
     last_line_end,
-    same_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -148,75 +153,6 @@ class Position:
 def split_key(key: str) -> tuple[int, int, int]:
     dev, ino, born = (int(x) for x in key.split(":"))
     return dev, ino, born
-
-
-# --- the directory -------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """A regular file in the watched directory, as stat() saw it."""
-
-    name: str
-    dev: int
-    ino: int
-    size: int
-    mtime_ms: int
-    matched: bool  # its name matches the pattern (only matched files are picked up)
-
-
-def scan_directory(directory: str, pattern: str) -> dict[tuple[int, int], Entry]:
-    """Regular files in `directory` by inode; a file under two names is listed once.
-
-    Every file is listed, not only matching ones, because a tracked file keeps being followed
-    after rotation renames it to a name the pattern no longer matches.
-    """
-    out: dict[tuple[int, int], Entry] = {}
-    for name in sorted(os.listdir(directory)):
-        try:
-            st = os.stat(os.path.join(directory, name))
-        except FileNotFoundError:
-            continue  # deleted between listing and stat
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        entry = Entry(
-            name,
-            st.st_dev,
-            st.st_ino,
-            st.st_size,
-            st.st_mtime_ns // 1_000_000,
-            fnmatch.fnmatchcase(name, pattern),
-        )
-        known = out.get((entry.dev, entry.ino))
-        if known is None or (entry.matched and not known.matched):
-            out[(entry.dev, entry.ino)] = entry
-    return out
-
-
-# Rotated names ending so are compressed copies (logrotate's `compress`), not lines to read.
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4", ".Z")
-
-
-def rotated_name(name: str, pattern: str) -> bool:
-    """`name` is a name logrotate gives a file matching `pattern` when it rotates it
-    (`app.log.1`, `app.log-20261127`), and not a compressed one."""
-    if name.endswith(COMPRESSED):
-        return False
-    for cut in range(len(name) - 1, 0, -1):
-        if name[cut] in ".-" and fnmatch.fnmatchcase(name[:cut], pattern):
-            return True
-    return False
-
-
-def open_verified(directory: str, name: str, inode: tuple[int, int]) -> BinaryIO | None:
-    """Open `name` if it still is the file with `inode` (it may have been renamed since)."""
-    try:
-        fh = open(os.path.join(directory, name), "rb")  # noqa: SIM115 - returned to the caller
-    except OSError:
-        return None
-    st = os.fstat(fh.fileno())
-    if (st.st_dev, st.st_ino) != inode:
-        fh.close()
-        return None
-    return fh
 
 
 # --- the rules -----------------------------------------------------------------------------------
@@ -364,7 +300,8 @@ class Planner:
                 fh.close()
             gone = "vanished" if entry is None else "was truncated or replaced"
             # Only a file still there but shorter or rewritten may have been copied first.
-            copy = self._copy_of(t, entries, prev, files) if entry is not None else None
+            claimed = {f.inode for f in prev.files.values()} | {f.inode for f in files.values()}
+            copy = copy_of(self.directory, t.fp, entries, claimed) if entry is not None else None
             if copy is not None:
                 # copytruncate: its bytes live on in the copy, at the same offsets, under its
                 # ids. Nothing is lost; what was read is not read again.
@@ -401,51 +338,6 @@ class Planner:
                 log.info("log file %s (%s) %s after being read to the end", t.name, key, gone)
         return files, lost
 
-    def _copy_of(
-        self,
-        t: Tracked,
-        entries: dict[tuple[int, int], Entry],
-        prev: Position,
-        files: dict[str, Tracked],
-    ) -> tuple[Entry, BinaryIO] | None:
-        """A file no one follows that starts with `t`'s head and holds its bytes up to where
-        it was read or seen (a copy made after we read), or a prefix of them (made before)."""
-        claimed = {f.inode for f in prev.files.values()} | {f.inode for f in files.values()}
-        for inode, entry in sorted(entries.items(), key=lambda item: item[1].name):
-            if inode in claimed or t.fp[0] == 0 or entry.size < t.fp[0]:
-                continue
-            fh = open_verified(self.directory, entry.name, inode)
-            if fh is None:
-                continue
-            if fingerprint_matches(fh, t.fp):
-                return entry, fh
-            fh.close()
-        return None
-
-    def _is_copy(
-        self,
-        entry: Entry,
-        fh: BinaryIO,
-        files: dict[str, Tracked],
-        entries: dict[tuple[int, int], Entry],
-    ) -> bool:
-        """A new file that is a byte copy of a followed one's beginning (copytruncate's copy,
-        made before the original is truncated): its head and its last bytes match the followed
-        file's at the same offsets. The original's truncation then hands it over (`_copy_of`);
-        until that, picking it up would read those bytes twice under new ids."""
-        for t in files.values():
-            original = entries.get(t.inode)
-            if original is None or not 0 < t.fp[0] <= entry.size <= original.size:
-                continue
-            if not fingerprint_matches(fh, t.fp):
-                continue
-            other = open_verified(self.directory, original.name, t.inode)
-            if other is None:
-                continue
-            with other:
-                return same_bytes(fh, other, max(0, entry.size - FINGERPRINT_BYTES), entry.size)
-        return False
-
     def _discover(
         self,
         files: dict[str, Tracked],
@@ -474,7 +366,8 @@ class Planner:
                 if os.path.exists(os.path.join(self.directory, entry.name)):
                     log.warning("log file %s matches but cannot be opened; not read", entry.name)
                 continue
-            if self._is_copy(entry, fh, files, entries):
+            followed_heads = [(f.inode, f.fp) for f in files.values()]
+            if is_copy(self.directory, entry, fh, followed_heads, entries):
                 log.debug("log file %s is a copy of a followed file: not picked up", entry.name)
                 fh.close()
                 continue

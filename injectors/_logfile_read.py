@@ -17,6 +17,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from millstream.injectors._logfile_directory import open_verified
 from millstream.injectors._logfile_lines import (
     TruncatedError,
     fingerprint_matches,
@@ -25,7 +26,7 @@ from millstream.injectors._logfile_lines import (
     strip_cr,
 )
 from millstream.injectors._logfile_parse import BadLine, Parser, parse_line
-from millstream.injectors._logfile_plan import Position, open_verified, split_key
+from millstream.injectors._logfile_plan import Position, split_key
 from millstream.injectors.schema import INJECTED_SCHEMA
 
 ARROW_SCHEMA = to_arrow_schema(INJECTED_SCHEMA, timezone="UTC")

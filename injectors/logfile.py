@@ -98,6 +98,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from millstream.errors import ConfigurationError, TransientError
+from millstream.injectors._logfile_directory import scan_directory
 from millstream.injectors._logfile_lines import NEWLINE, PROBE, strip_cr
 from millstream.injectors._logfile_parse import (
     TIMESTAMP_UNITS,
@@ -113,7 +114,6 @@ from millstream.injectors._logfile_plan import (
     Planner,
     Position,
     Rules,
-    scan_directory,
 )
 from millstream.injectors._logfile_read import SliceReader, slices
 from millstream.injectors.schema import INJECTED_SCHEMA

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from millstream.injectors._logfile_directory import rotated_name, scan_directory
 from millstream.injectors._logfile_parse import JsonLinesParser
 from millstream.injectors._logfile_plan import (
     Budget,
@@ -23,8 +24,6 @@ from millstream.injectors._logfile_plan import (
     Rules,
     event_watermark,
     is_finished,
-    rotated_name,
-    scan_directory,
 )
 from millstream.injectors._logfile_read import FileSlice, LostSlice, SliceReader, slices
 from millstream.injectors.logfile import first_line_timestamp
