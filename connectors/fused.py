@@ -45,6 +45,7 @@ from millstream.connectors.batch_metrics import record_batch, stage_metrics
 from millstream.connectors.batch_watermarks import BatchWatermarks
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.query_sources import source_options
+from millstream.connectors.replay_intake import ReplayIntake, replay_rows
 from millstream.connectors.routing import route
 from millstream.connectors.segments import MAIN
 from millstream.connectors.settlement import Done, Settlement, hand_over
@@ -124,6 +125,9 @@ class FusedRunner:
         self.sources: list[tuple[str, dict[str, str]]] = []  # read by the query, in order
         self.offset_log = driver_read.OffsetLog(self.checkpoint)
         self.settlement = Settlement(self.client, topology.app)
+        self.replays = ReplayIntake(
+            self.client, topology.app, tuple(self.order), settings.max_records_per_batch
+        )
         self.query: Any = None
         self.last_batch: dict[str, Any] = {}
 
@@ -277,6 +281,7 @@ class FusedRunner:
             self.offset_log.ranges(batch_id, self.sources) if self.settings.driver_read else None
         )
         by_stream, rows = driver_read.read_batch(batch_df, ranges, self.sources)
+        replayed = self.replays.take()
         phases: dict[str, float] = {"read": round(time.perf_counter() - started, 4)}
         now = now_ms()
         injected = self.watermarks.injected()
@@ -292,7 +297,7 @@ class FusedRunner:
                 stage = self.stages[name]
                 handing = self._run_stage(
                     batch_df.sparkSession, batch_id, stage, now, (injected, at_end, published),
-                    (by_stream, handed), phases,
+                    (by_stream, handed, replayed.get(name, [])), phases,
                 )  # fmt: skip
                 for item in handing:
                     if any(p.stream in stage.consumers for p in item.result.outstanding):
@@ -312,6 +317,7 @@ class FusedRunner:
         if (done or settling) and at_end is not None:
             self.watermarks.republish(at_end)
         phases["deliver_ack"] = round(time.perf_counter() - delivery_started, 4)
+        self.replays.settled()
         self.last_batch = {"batch_id": batch_id, "rows": rows, "phases": phases}
         query_key = app_key(
             self.topology.app, "fused" if self.segment == MAIN else f"fused-{self.segment}"
@@ -332,24 +338,26 @@ class FusedRunner:
         stage: Stage,
         now: int,
         marks: tuple[dict[str, Watermark], dict[str, Watermark] | None, dict[str, Watermark]],
-        rows: tuple[dict[str, list[tuple]], dict[str, list[tuple]]],
+        rows: tuple[dict[str, list[tuple]], dict[str, list[tuple]], list[tuple[str, Any]]],
         phases: dict[str, float],
     ) -> list[Done]:
         """One computation's part of the batch: input watermark, route, run its busy shards,
         publish its low watermark, hand its productions over to its consumers (`rows[1]`).
+        `rows[2]`: the dead letters replayed to it (`connectors/replay_intake.py`).
         `marks`: the injected estimates, those at the batch's end and what earlier
         computations published in this batch (added to here)."""
         started = time.perf_counter()
         name = stage.name
         injected, at_end, published = marks
-        by_stream, handed = rows
+        by_stream, handed, replayed = rows
         input_wm = self.watermarks.input(stage, injected, published)
         end_wm = self.watermarks.end(stage, at_end)
         # Published before the tasks run: a firing seen committed is never ahead of it.
         self.authority.publish(f"{name}#input", end_wm or input_wm)
         plan = self._plan(stage, batch_id, input_wm, now, end_wm)
         route_started = time.perf_counter()
-        inputs = self._route(stage, by_stream, handed)
+        extra = replay_rows(replayed, now, (end_wm or input_wm).event) if replayed else []
+        inputs = self._route(stage, by_stream, handed, extra)
         routed = time.perf_counter()
         event_wm = (end_wm or input_wm).event
         busy = busy_shards(self.client, self.topology.app, stage, inputs, event_wm, now)
@@ -400,11 +408,18 @@ class FusedRunner:
         )
 
     def _route(
-        self, stage: Stage, by_stream: dict[str, list[tuple]], handed: dict[str, list[tuple]]
+        self,
+        stage: Stage,
+        by_stream: dict[str, list[tuple]],
+        handed: dict[str, list[tuple]],
+        replayed: list[tuple],
     ) -> dict[int, list[TaskInput]]:
         """Each input row's shard under this computation's key extractors, computed once."""
         extractors = dict(stage.spec.inputs)
         rows = [row for s in extractors for row in (*by_stream.get(s, ()), *handed.get(s, ()))]
+        for row in replayed:  # a stream it no longer reads: a dead letter again, saying so
+            rows.append(row if row[0] in extractors else (*row[:-1], f"replayed dead letter of "
+                        f"stream {row[0]!r}, which {stage.name!r} no longer reads"))  # fmt: skip
         inputs: dict[int, list[TaskInput]] = {}
         routed = route(extractors, stage.shards, iter(rows), stage.spec.formats)
         for shard, item in routed:

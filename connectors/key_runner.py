@@ -10,6 +10,7 @@ records that caused it) is made once, here and in `shard_task`, for every operat
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -22,6 +23,7 @@ from millstream.connectors.plan import BatchPlan
 from millstream.connectors.serde import serde_named
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
 from millstream.errors import MillstreamError
+from millstream.headers import visible_headers
 from millstream.records import Production, Record, TimeDomain, Timer
 
 # A dead letter carries at most this much of the record's value (its size is given): an
@@ -80,9 +82,14 @@ def dead_letter(
             partition=row[PARTITION],
             offset=row[OFFSET],
             record_id=(row[ID] or b"").hex(),
-            value=value[:DEAD_LETTER_VALUE_BYTES].decode("utf-8", "backslashreplace"),
             timestamp=row[TS],
+            **_bytes_field("value", value[:DEAD_LETTER_VALUE_BYTES]),
         )
+        if row[KEY] is not None:
+            body.update(_bytes_field("record_key", row[KEY]))
+        headers = visible_headers(row[HEADERS])
+        if headers:
+            body["headers_base64"] = [[n, base64.b64encode(v).decode()] for n, v in headers]
         if len(value) > DEAD_LETTER_VALUE_BYTES:
             body.update(value_bytes=len(value), value_truncated=True)
         if row[TS] is not None and 0 <= row[TS] <= plan.now + plan.max_future_ms:
@@ -95,6 +102,19 @@ def dead_letter(
         id=uuid.uuid4().bytes,
         system_time=plan.now,
     )
+
+
+def _bytes_field(name: str, raw: bytes) -> dict[str, str]:
+    """Bytes in a dead letter's JSON, exactly (so `millstream dead-letters --replay` gives
+    back what the injector read): UTF-8 as text; anything else also as `<name>_base64`,
+    beside a readable rendering."""
+    try:
+        return {name: raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {
+            name: raw.decode("utf-8", "backslashreplace"),
+            f"{name}_base64": base64.b64encode(raw).decode(),
+        }
 
 
 def _timer_body(timer: Timer) -> dict[str, Any]:

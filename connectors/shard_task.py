@@ -47,6 +47,7 @@ from millstream.records import Production, Record, TimeDomain, Timer
 from millstream.state.catalog import Verdict
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
+from millstream.state.replay import SOURCE as REPLAY_SOURCE
 from millstream.state.shard import ShardStore
 from millstream.state.timers import firing_order
 
@@ -212,7 +213,7 @@ def _note_positions(result: ShardResult, items: list[TaskInput], internal: froze
     internal streams can be read from a topic another query writes)."""
     for item in items:
         row = item.row
-        if row[STREAM] not in internal:
+        if row[STREAM] not in internal or row[SOURCE] == REPLAY_SOURCE:
             continue
         by_partition = result.consumed.setdefault(row[STREAM], {})
         by_partition[row[PARTITION]] = max(by_partition.get(row[PARTITION], 0), row[OFFSET] + 1)

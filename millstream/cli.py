@@ -89,6 +89,23 @@ def _redis_for_status() -> str:
     )
 
 
+def _kafka_for_tools() -> dict[str, str]:
+    """Kafka for the commands that read topics: KAFKA_BOOTSTRAP_SERVERS (with the
+    MILLSTREAM_KAFKA_* pass-through settings), else the embedded broker `infra up` started."""
+    from millstream import embedded
+    from millstream.settings import Settings
+
+    settings = Settings.from_env()
+    if settings.kafka_bootstrap_servers:
+        return settings.kafka_config()
+    state = embedded.infra_status(Path(settings.state_dir) / "embedded")
+    if state.get("up") and state.get("kafka_bootstrap"):
+        return {**settings.kafka_extra, "bootstrap.servers": str(state["kafka_bootstrap"])}
+    raise ConfigurationError(
+        "KAFKA_BOOTSTRAP_SERVERS is not set and no embedded Kafka runs (millstream infra up)"
+    )
+
+
 def _positive_seconds(raw: str) -> float:
     value = float(raw)
     if not 0.1 <= value <= 86_400:  # also rejects nan
@@ -190,6 +207,58 @@ def _cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dead_letters(args: argparse.Namespace) -> int:
+    from millstream.dead_letters import choose, read_letters, render, replay_letters
+    from millstream.state.client import connect
+    from millstream.state.shard_count import shard_counts_key
+
+    topic = args.topic or f"{args.app}.dead-letters"
+    client = connect(_redis_for_status())  # checked first: a replay needs it
+    letters = read_letters(
+        _kafka_for_tools(),
+        topic,
+        lambda n: print(f"read {n} letters so far", file=sys.stderr, flush=True),
+    )
+    chosen = choose(letters, args.computation, args.reason)
+    if not args.replay:
+        if args.json:
+            print(json.dumps([x.summary() for x in chosen], indent=2))
+        else:
+            print(render(chosen, args.limit))
+        return 0
+    if not chosen:
+        print("no dead letters to replay")
+        return 0
+    known = {
+        k.decode() if isinstance(k, bytes) else k for k in client.hkeys(shard_counts_key(args.app))
+    }
+    stamped = "at the time they are applied" if args.restamp else "with their own event times"
+    print(
+        f"replay {len(chosen)} dead letters of app {args.app!r} ({topic}), {stamped}",
+        file=sys.stderr if args.json else sys.stdout,
+    )
+    if not args.yes:
+        try:
+            answer = input("replay them? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing replayed")
+            return 1
+    report = replay_letters(client, args.app, chosen, args.restamp, known)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(
+            f"queued {report.queued}, already replayed before {report.already_replayed}, "
+            f"waiting in the queue now {report.waiting_in_queue}"
+        )
+        for why, n in report.not_replayable.items():
+            print(f"not replayable: {n}: {why}")
+        print("the running application applies them to their computations (millstream status)")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from millstream.demo.cli import main as demo_main
 
@@ -271,6 +340,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     reset.set_defaults(func=_cmd_reset)
+    dead = sub.add_parser(
+        "dead-letters",
+        help="list an application's dead letters with their reasons; --replay them after a fix",
+    )
+    dead.add_argument("app", help="application name (MILLSTREAM_APP of the pipeline)")
+    dead.add_argument("--computation", metavar="NAME", help="only this computation's letters")
+    dead.add_argument("--reason", metavar="TEXT", help="only letters whose reason contains TEXT")
+    dead.add_argument(
+        "--limit", type=int, default=20, metavar="N", help="letters shown after the counts (20)"
+    )
+    dead.add_argument("--json", action="store_true", help="machine-readable output")
+    dead.add_argument(
+        "--replay",
+        action="store_true",
+        help="re-inject the chosen letters' records into the computations that dead-lettered "
+        "them, exactly once (a letter replayed before is skipped)",
+    )
+    dead.add_argument(
+        "--restamp",
+        action="store_true",
+        help="with --replay: give the records the time they are applied instead of their own "
+        "event time (which is usually behind the watermark by now, so late)",
+    )
+    dead.add_argument("--yes", action="store_true", help="with --replay: do not ask")
+    dead.add_argument("--topic", help="the dead-letters topic (default APP.dead-letters)")
+    dead.set_defaults(func=_cmd_dead_letters)
     demo = sub.add_parser("demo", help="the Zeitgeist anomaly-detection demo, verified")
     from millstream.demo.options import add_arguments
 

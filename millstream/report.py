@@ -285,12 +285,14 @@ class Reporter(threading.Thread):
             cause = f"a record of stream {body.get('stream')!r}"
         log.warning(
             "computation %s dead-lettered %s of key %r: %s. Dead letters (JSON with the reason, "
-            "key and position) are in Kafka topic %s; more of them are counted every %.0f s",
+            "key and position) are in Kafka topic %s (list them with `millstream dead-letters "
+            "%s`, replay them after a fix with --replay); more of them are counted every %.0f s",
             name,
             cause,
             body.get("key"),
             error,
             self.topic,
+            self.app,
             self.count_every,
         )
 

@@ -28,6 +28,10 @@ Points (see `connectors/delivery.py`, `connectors/shard_task.py`, `connectors/fu
   downstream; its input ids, state and timers are not committed yet.
 - `fused_after_consumers_commit` (`connectors/fused.py`): in a batch that handed productions
   over, every consumer committed them; nothing is delivered outside or acknowledged yet.
+- `before_replays_removed` (`connectors/replay_intake.py`): a batch that took replayed dead
+  letters committed and settled; their queue entries are not removed yet.
+- `replay_chunk_queued` (`state/replay.py`, in `millstream dead-letters --replay`): a chunk of
+  letters and their marks are queued; later chunks are not.
 - `fused_after_stage_<computation>` (`connectors/fused.py`): that computation committed in this
   batch, the computations after it in the batch have not run yet.
 """
@@ -50,6 +54,8 @@ POINTS = (
     "after_kafka_commit",
     "fused_after_consumers_commit",
     "after_weak_delivery",
+    "before_replays_removed",
+    "replay_chunk_queued",
 )
 STAGE_POINT = "fused_after_stage_"  # + a computation's name: it committed, later ones did not
 ENV_AT = "MILLSTREAM_TEST_CRASH_AT"
