@@ -3,7 +3,8 @@
 1. A windowed count per key (event-time timer at the window's end, stamped there) feeding a
    per-window total (timer 1 ms after the window's counts are stamped), on the shared Spark
    session, real Redis and broker; duplicates and a record whose key cannot be extracted
-   included. Both stages' outputs, the dead letter and the duplicate count must agree.
+   included. Both stages' outputs, the dead letter and the duplicate count must agree, and
+   both sides' outputs must equal ground truth computed from what was sent (`_ground_truth`).
 2. The examples/page_views pipeline as users run it, `millstream run
    examples.page_views.pipeline:topology` in its own process, with its file sink: the files
    must hold what the driver says the sink receives.
@@ -144,6 +145,42 @@ def _topic_triples(bootstrap: str, topic: str, expected: int) -> set[tuple[str, 
     return set(by_id.values())
 
 
+def _ground_truth(sent: list[Sent]) -> tuple[set[tuple], set[tuple]]:
+    """The two stages' outputs computed from what was sent, without millstream: each id once,
+    records whose value is not JSON left out, counts per (key, window) stamped at the window's
+    end, and per window the keys and their total stamped 1 ms later. Decoded, as
+    (key, body items, timestamp)."""
+    first: dict[str, tuple[bytes, int]] = {}
+    for rid, _, value, ts in sent:
+        first.setdefault(rid, (value, ts))
+    counts: dict[tuple[str, int], int] = {}
+    for value, ts in first.values():
+        try:
+            key = json.loads(value)["k"]
+        except ValueError:
+            continue
+        window = ts - ts % WINDOW_MS
+        counts[(key, window)] = counts.get((key, window), 0) + 1
+    by_window: dict[int, dict[str, int]] = {}
+    for (key, window), n in counts.items():
+        by_window.setdefault(window, {})[key] = n
+    return (
+        {(k, _items({"k": k, "w": w, "n": n}), w + WINDOW_MS) for (k, w), n in counts.items()},
+        {
+            (str(w), _items({"w": w, "keys": sorted(c), "n": sum(c.values())}), w + WINDOW_MS + 1)
+            for w, c in by_window.items()
+        },
+    )
+
+
+def _items(body: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in body.items()))
+
+
+def _decoded(triples: set[tuple[str, bytes, int]]) -> set[tuple]:
+    return {(key, _items(json.loads(value)), ts) for key, value, ts in triples}
+
+
 def _published(client: Any, app: str, name: str) -> int:
     watermark = WatermarkAuthority(client, app).published(name)
     return UNKNOWN if watermark is None else watermark.event
@@ -180,6 +217,10 @@ def test_driver_and_runtime_agree_on_a_two_stage_windowed_topology(
     expected_counts = _triples(driver.output("counts"))
     expected_totals = _triples(driver.output("totals"))
     assert len(expected_totals) >= 3, expected_totals  # the bursts span several windows
+    # The driver against what was sent, computed independently of millstream.
+    truth_counts, truth_totals = _ground_truth(sent)
+    assert _decoded(expected_counts) == truth_counts
+    assert _decoded(expected_totals) == truth_totals
 
     last = max(ts for _, _, ts in expected_totals)
     wait_until(
@@ -188,14 +229,16 @@ def test_driver_and_runtime_agree_on_a_two_stage_windowed_topology(
         f"the last stage's watermark to pass {last}",
         runtime,
     )
-    assert (
-        _topic_triples(kafka_bootstrap, topology.topic_of("totals"), len(expected_totals))
-        == expected_totals
+    runtime_totals = _topic_triples(
+        kafka_bootstrap, topology.topic_of("totals"), len(expected_totals)
     )
-    assert (
-        _topic_triples(kafka_bootstrap, topology.topic_of("counts"), len(expected_counts))
-        == expected_counts
+    assert runtime_totals == expected_totals
+    assert _decoded(runtime_totals) == truth_totals
+    runtime_counts = _topic_triples(
+        kafka_bootstrap, topology.topic_of("counts"), len(expected_counts)
     )
+    assert runtime_counts == expected_counts
+    assert _decoded(runtime_counts) == truth_counts  # the runtime against ground truth too
 
     # Same dead letter (its position differs: a topic partition here, offset 0 in the driver).
     [letter] = read_topic(kafka_bootstrap, topology.topic_of("dead-letters"), expected=1)
