@@ -17,10 +17,11 @@ from typing import Any
 
 from millstream.connectors.fused import FusedRunner
 from millstream.connectors.segments import Segment, SegmentLayout, plan_segments
+from millstream.connectors.standby import Heartbeat
 from millstream.connectors.targets import DEFAULT_PARTITIONS, Endpoints
 from millstream.connectors.topics import ensure_topics
 from millstream.connectors.topology import Topology
-from millstream.errors import ConfigurationError
+from millstream.errors import ConfigurationError, MillstreamError
 from millstream.logs import configure_logging, spark_log_config, spark_log_level
 from millstream.settings import Settings
 from millstream.state.client import connect
@@ -314,9 +315,21 @@ def run(
             stack.enter_context(
                 serve_metrics(settings, ends.redis_url, topology.app, lambda: app.spark)
             )
+            heartbeat = Heartbeat(ends.redis_url, topology.app, stop)
+
+            def warm_spark() -> None:  # a standby starts Spark while it waits: a quick takeover
+                app.spark = spark_session(settings, f"millstream.{topology.app}")
+
+            if not heartbeat.wait_for_turn(warm_spark):
+                return  # stopped while a standby
+            stack.callback(heartbeat.close)
+            heartbeat.start()
             # Topics first: an unreachable broker fails here, before the JVM starts.
             app.prepare()
-            app.spark = spark_session(settings, f"millstream.{topology.app}")
+            if heartbeat.warming is not None:
+                heartbeat.warming.join()
+            if app.spark is None:
+                warm_spark()
             app.start()
             try:
                 while not stop.is_set():
@@ -328,6 +341,11 @@ def run(
                     stop.wait(tick_seconds)
             finally:
                 app.stop()
+            if heartbeat.lost is not None:
+                raise MillstreamError(
+                    f"another copy took over application {topology.app!r} "
+                    f"({heartbeat.lost.describe()}); this one stopped"
+                )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
