@@ -1,5 +1,10 @@
-"""`millstream run`: SIGKILL of the whole driver mid-run, then run again: nothing lost, nothing
-doubled; SIGTERM stops it cleanly."""
+"""`millstream run`: a second copy waits as a standby; SIGKILL of the first's whole driver
+mid-run, the standby takes over: nothing lost, nothing doubled; SIGTERM stops it cleanly.
+
+The second copy (#26 item 6) is started while the first runs: it logs who holds the application
+(host, process, since when, last heartbeat) and starts no query, so the first sees no query
+failure on their shared checkpoint. When the first is SIGKILLed it says it took over, and every
+record is counted once against what was sent. A clean stop releases the application."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from millstream.state import holder
 from millstream.state.keys import ShardKeys
 
 
@@ -54,7 +60,7 @@ def _wait(
     raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
-def test_sigkill_then_run_again_counts_exactly_once_and_sigterm_stops_cleanly(
+def test_a_standby_takes_over_a_sigkilled_run_exactly_once_and_sigterm_stops_it(
     redis_url: str,
     kafka_bootstrap: str,
     kafka_topic_factory: Any,
@@ -83,18 +89,32 @@ def test_sigkill_then_run_again_counts_exactly_once_and_sigterm_stops_cleanly(
         "MILLSTREAM_STATE_DIR": str(tmp_path / "state"),
         "RUN_TARGET_TOPIC": topic,
     }
-    log = tmp_path / "run.log"
+    log, standby_log = tmp_path / "run.log", tmp_path / "standby.log"
     send(0, 300)
     proc = _start(env, log)
     _wait(lambda: _records(redis_client, redis_namespace) >= 300, 180, "first records", proc, log)
+    standby = _start(env, standby_log)
+    told = f"process {proc.pid}, holding it since"
+    _wait(lambda: told in standby_log.read_text(), 60, "the notice", standby, standby_log)
+    notice = next(x for x in standby_log.read_text().splitlines() if told in x)
+    assert "WARNING" in notice and "waits as a standby" in notice, notice
     send(300, 300)
     _wait(lambda: _records(redis_client, redis_namespace) > 300, 60, "more records", proc, log)
+    assert "started query" not in standby_log.read_text()  # it waits, the first runs alone
+    assert "failed (restart" not in log.read_text()  # no clash on their checkpoint
+    assert holder.current(redis_client, redis_namespace).pid == proc.pid  # type: ignore[union-attr]
     os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and Python workers, mid-run
     proc.wait()
 
     send(600, 300)
-    proc = _start(env, log)
-    _wait(lambda: _records(redis_client, redis_namespace) >= 900, 180, "all records", proc, log)
+    proc = standby
+    _wait(
+        lambda: _records(redis_client, redis_namespace) >= 900,
+        180,
+        "all records",
+        proc,
+        standby_log,
+    )
     time.sleep(2)  # let any replayed batch finish: it must not add anything
     states: dict[str, int] = {}
     for shard in range(2):
@@ -104,6 +124,10 @@ def test_sigkill_then_run_again_counts_exactly_once_and_sigterm_stops_cleanly(
             states[key.decode()] = int(value)
     assert states == dict(truth)
     assert _records(redis_client, redis_namespace) == 900
+    took_over = standby_log.read_text()
+    assert "this copy took over application" in took_over, took_over[-3000:]
+    assert holder.current(redis_client, redis_namespace).pid == proc.pid  # type: ignore[union-attr]
 
     os.killpg(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert proc.wait(timeout=60) == 0, standby_log.read_text()[-3000:]
+    assert holder.current(redis_client, redis_namespace) is None  # released on a clean stop
