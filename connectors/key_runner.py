@@ -137,6 +137,8 @@ class KeyRunner:
         self.txn = txn
         self.serde = serde_named(spec.options.serde)
         self.counters: dict[str, int] = {}
+        # An operator's work collected over the shard batch, for its `before_commit`.
+        self.scratch: dict[str, Any] = {}
         weak = spec.options.productions == "weak"
         self.weak: list[Production] | None = [] if weak else None
         # What user code sees as the low watermark: the batch's input watermark, then its end

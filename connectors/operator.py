@@ -14,7 +14,9 @@ computation's operator at the points it names:
   `timers_per_key`, `process_timers(runner, key, timers)`: a key's due timers at once, in
   firing order (a window's firing never moves another window's timer, so a key's windows
   closing in one batch cost one state decode and encode);
-- `before_commit(runner)`: once per shard batch, before the one guarded commit.
+- `before_commit(runner)`: once per shard batch, before the one guarded commit;
+- `before_delivery(plan, computation, shard, productions)`: on the driver, before committed
+  productions leave the application (a join's registry insert decides which may).
 
 Every effect goes through the `KeyRunner` into the shard's transaction, committed with the
 ids of the records that caused it, so exactly-once holds for every operator alike.
@@ -26,11 +28,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from millstream.records import Record, Timer
+from millstream.records import Production, Record, Timer
 
 if TYPE_CHECKING:
     from millstream.connectors.computation import Computation
     from millstream.connectors.key_runner import KeyRunner
+    from millstream.connectors.plan import BatchPlan
 
 # A key's batch of records: each fresh record with its routed row (for dead letters).
 KeyBatch = Sequence[tuple[Record, tuple]]
@@ -45,6 +48,9 @@ class Operator:
     # True: the shard task hands a key's due timers over at once (`process_timers`); only
     # for an operator whose firings never move or delete the key's other due timers.
     timers_per_key = False
+    # Output streams whose productions `before_delivery` may hold back: no computation of the
+    # application may read them (a hand-over inside the batch would come before the gate).
+    gated_streams: tuple[str, ...] = ()
 
     def expired(self, record: Record, watermark: int) -> bool:
         """Late: behind the input low watermark. Asked only of records behind it (a record at
@@ -67,6 +73,14 @@ class Operator:
 
     def before_commit(self, runner: KeyRunner) -> None:
         """Once per shard batch, before the commit."""
+
+    def before_delivery(
+        self, plan: BatchPlan, computation: str, shard: int, productions: Sequence[Production]
+    ) -> tuple[list[Production], list[Production], dict[str, int]]:
+        """On the driver, before committed productions leave the application: those to
+        deliver, those to acknowledge without delivery (a join's lost registry race), and
+        counters. By default every one is delivered."""
+        return list(productions), [], {}
 
     def user_objects(self) -> list[Any]:
         """User-defined objects this operator calls (shipped to Spark's workers by value when

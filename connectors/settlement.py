@@ -115,6 +115,13 @@ class Settlement:
         counters: dict[str, int] = {}
         if outside:
             try:
+                # The operator's say first (a join's registry insert): some are acknowledged
+                # without delivery.
+                outside, skipped, gated = stage.spec.operator.before_delivery(
+                    item.plan, stage.name, result.shard, outside
+                )
+                settled += skipped
+                counters.update(gated)
                 settled += deliver_all(item.plan, stage.name, result.shard, outside)
                 counters["delivered"] = len(outside)
             except ConfigurationError:

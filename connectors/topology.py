@@ -270,6 +270,44 @@ class Topology:
             name, operator, inputs={stream: key}, outputs=[output], **option_overrides
         )
 
+    def join(
+        self,
+        name: str,
+        *,
+        primary: str,
+        primary_id: KeyExtractor,
+        secondary: str,
+        secondary_id: KeyExtractor,
+        lookup: KeyExtractor,
+        combine: Callable[[Any, bytes], Any],
+        output: str,
+        unjoined: str = "unjoined",
+        registry: str | None = None,
+        registry_url: str | None = None,
+        retry: Any = None,
+        cache_ttl_s: int = 3600,
+        **option_overrides: Any,
+    ) -> Topology:
+        """Photon's join (`connectors/join_operator.py`): each `primary` event (a click, its
+        id read by `primary_id`) is joined with the `secondary` event (a query, its id read by
+        `secondary_id`) that `lookup` names in it, found in the event store; `combine(click
+        record, query bytes)` gives the joined value, produced to `output` keyed by the click
+        id and stamped at its time. A click whose query is not there yet waits (`retry`, a
+        `JoinRetry`), then goes to `unjoined` with the reason. Output is delivered only after
+        the click id is inserted in the IdRegistry `registry` (default: the join's name) at
+        `registry_url` (default REDIS_URL): at most one joined output per click across every
+        pipeline sharing it. Declares two computations: `<name>-store` and `<name>`.
+        """
+        from millstream.connectors.join_operator import declare_join
+
+        declare_join(
+            self, name, primary=primary, primary_id=primary_id, secondary=secondary,
+            secondary_id=secondary_id, lookup=lookup, combine=combine, output=output,
+            unjoined=unjoined, registry=registry or name, registry_url=registry_url,
+            retry=retry, cache_ttl_s=cache_ttl_s, options=option_overrides,
+        )  # fmt: skip
+        return self
+
     def sink(self, stream: str, sink: Any) -> Topology:
         """Deliver a stream's productions to an external target (exactly-once where it allows)."""
         if stream in self.sinks:
@@ -321,6 +359,14 @@ class Topology:
                         f"stream {stream!r} is both injected and produced: rename one of them"
                     )
         for spec in self.computations.values():
+            for stream in spec.operator.gated_streams:
+                readers = self.consumers_of(stream)
+                if readers:
+                    raise ConfigurationError(
+                        f"computations {readers} read {stream!r}, which {spec.name!r} delivers "
+                        "only after its registry insert: read it from its topic in another "
+                        "application"
+                    )
             if spec.options.productions == "weak":
                 external = sorted(s for s in spec.outputs if s in self.sinks)
                 if external:

@@ -7,6 +7,7 @@ from millstream.connectors.app import run
 from millstream.connectors.combiners import Combiner, Count, Max, Mean, Min, Sum
 from millstream.connectors.computation import Computation, Context
 from millstream.connectors.formats import FormatError, ValueFormat, avro_format, json_format
+from millstream.connectors.join_operator import JoinRetry
 from millstream.connectors.topology import ComputationOptions, Topology, json_field, record_key
 from millstream.connectors.windows import Hopping, Session, Tumbling
 from millstream.errors import (
@@ -33,6 +34,7 @@ __all__ = [
     "FencedError",
     "FormatError",
     "Hopping",
+    "JoinRetry",
     "Max",
     "Mean",
     "MillstreamError",

@@ -105,6 +105,12 @@ class TopologyTestDriver:
         max_future_ms: int = _DEFAULTS.max_future_ms,
     ) -> None:
         topology.validate()
+        gated = [s.name for s in topology.computations.values() if s.operator.gated_streams]
+        if gated:
+            raise ConfigurationError(
+                f"TopologyTestDriver does not run joins yet ({gated}): their event store and "
+                "IdRegistry live in Redis; test a join on the runtime (tests/e2e/test_join.py)"
+            )
         if on_user_error not in ("dead-letter", "fail-stop"):
             raise ConfigurationError(
                 f"on_user_error={on_user_error!r}: use 'dead-letter' or 'fail-stop'"

@@ -1,0 +1,370 @@
+"""Photon's join (seed 004) as two operators: the event store's writer and the joiner.
+
+`Topology.join` declares both. The *store* computation (`<join>-store`, keyed by the secondary
+event's id) writes each secondary event (a query) into the event store's cache tier
+(`state/event_store.py`). The *joiner* (`<join>`, keyed by the primary event's id, a click)
+looks up a shard batch's clicks in one pipelined round trip, in `before_commit`, once it has
+the batch's records and due timers:
+
+- found: the joined value (`combine(click, query)`) is checkpointed on the output stream,
+  keyed by the click id and stamped at the click's event time, and the click's waiting state
+  and timers go, all in the shard's one commit with the click's record id;
+- not found: the click waits in state with a wall-time retry timer (exponential backoff with
+  jitter derived from the click id, so a re-run is deterministic) and an event-time give-up
+  timer at `click time + give_up_ms` that holds the joiner's low watermark at the click's time
+  (its joined output, stamped there, is not late downstream); each retry looks again; when the
+  low watermark passes the give-up time the click goes to the `unjoined` stream with the reason.
+
+Output is registry-gated at delivery (`before_delivery`, called by the settlement): each joined
+production's click id is inserted in the IdRegistry (`state/registry.py`) with the token
+`app|joiner|shard|production id`, fixed at the checkpoint. Inserted or already ours: delivered.
+Someone else's (another pipeline, or this one for a click seen twice under two record ids):
+acknowledged without delivery and counted as a lost race. So at every moment at most one
+joined output exists per click, across every pipeline sharing the registry.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import mmh3
+
+from millstream.connectors.operator import KeyBatch, Operator
+from millstream.errors import ConfigurationError
+from millstream.records import Production, Record, TimeDomain, Timer
+from millstream.state import event_store
+from millstream.state.client import connect
+from millstream.state.registry import Claim, IdRegistry, Outcome
+
+if TYPE_CHECKING:
+    from millstream.connectors.key_runner import KeyRunner
+    from millstream.connectors.plan import BatchPlan
+
+RETRY, GIVE_UP = "retry", "give-up"
+Combine = Callable[[Record, bytes], Any]
+Lookup = Callable[[bytes | None, bytes], str]
+
+
+@dataclass(frozen=True)
+class JoinRetry:
+    """How a click whose query is not there yet waits: the first retry after `first_ms`,
+    doubling up to `max_ms` (plus up to a quarter of jitter), until `give_up_ms` after the
+    click's event time has passed in the low watermark."""
+
+    first_ms: int = 250
+    max_ms: int = 5_000
+    give_up_ms: int = 60_000
+
+    def validate(self, join: str) -> None:
+        for name in ("first_ms", "max_ms", "give_up_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(f"join {join!r}: retry {name} must be an int >= 1")
+        if self.max_ms < self.first_ms:
+            raise ConfigurationError(f"join {join!r}: retry max_ms is below first_ms")
+
+    def delay(self, attempt: int, click: str) -> int:
+        base = min(self.max_ms, self.first_ms << min(attempt, 30))
+        return base + mmh3.hash(f"{click}\x00{attempt}", signed=False) % (base // 4 + 1)
+
+
+def _encode(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _scratch(runner: KeyRunner, name: str) -> list[Any]:
+    """This shard batch's collected work (a runner lives for one shard batch)."""
+    return runner.scratch.setdefault(name, [])  # type: ignore[no-any-return]
+
+
+class EventStoreOperator(Operator):
+    """Writes the secondary stream's events into the event store, by id, with a TTL."""
+
+    late_policies = ("drop",)
+
+    def __init__(self, store: str, ttl_s: int) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+
+    def expired(self, record: Record, watermark: int) -> bool:
+        return False  # a late query is still looked up by the clicks that name it
+
+    def process_key(self, runner: KeyRunner, key: str, batch: KeyBatch) -> None:
+        _scratch(runner, "events").append((key, batch[-1][0].value))
+        runner.count("records", len(batch))
+
+    def before_commit(self, runner: KeyRunner) -> None:
+        events = runner.scratch.get("events")
+        if events:
+            event_store.put(connect(runner.plan.redis_url), self.store, events, self.ttl_s)
+            runner.count("stored", len(events))
+
+
+class JoinOperator(Operator):
+    """Joins each primary event with the secondary event its `lookup` names (module doc)."""
+
+    late_policies = ("drop",)
+
+    def __init__(
+        self,
+        *,
+        store: str,
+        lookup: Lookup,
+        combine: Combine,
+        output: str,
+        unjoined: str,
+        registry: str,
+        registry_url: str | None,
+        retry: JoinRetry,
+    ) -> None:
+        self.store = store
+        self.lookup = lookup
+        self.combine = combine
+        self.output = output
+        self.unjoined = unjoined
+        self.registry = registry
+        self.registry_url = registry_url
+        self.retry = retry
+        self.gated_streams = (output,)
+
+    def user_objects(self) -> list[Any]:
+        return [self.lookup, self.combine]
+
+    def expired(self, record: Record, watermark: int) -> bool:
+        return False  # every click is joined; its output is stamped at its own time
+
+    # --- collect the batch's work ------------------------------------------------------------
+    def process_key(self, runner: KeyRunner, key: str, batch: KeyBatch) -> None:
+        for record, row in batch:
+            _scratch(runner, "records").append((key, record, row))
+
+    def process_timer(self, runner: KeyRunner, timer: Timer) -> None:
+        _scratch(runner, "timers").append(timer)
+
+    # --- one look-up for all of it, then the effects -------------------------------------------
+    def before_commit(self, runner: KeyRunner) -> None:
+        records: list[tuple[str, Record, tuple]] = runner.scratch.get("records", [])
+        timers: list[Timer] = runner.scratch.get("timers", [])
+        if not records and not timers:
+            return
+        waiting: dict[str, dict[str, Any]] = {}
+        for key in {t.key for t in timers} | {k for k, _, _ in records}:
+            raw = runner.states.get(key)
+            if raw is not None:
+                waiting[key] = json.loads(raw)
+        wanted: dict[str, str] = {}  # click -> query id
+        fresh: list[tuple[str, Record, tuple, str]] = []
+        for key, record, row in records:
+            if key in waiting or key in wanted:
+                runner.count("duplicate_clicks")  # the same click id again, another record id
+                continue
+            try:
+                query = self.lookup(row[2], record.value)  # the Kafka key, the value
+            except Exception as exc:
+                runner.dead_letter(key, f"join lookup: {type(exc).__name__}: {exc}", row)
+                continue
+            wanted[key] = query
+            fresh.append((key, record, row, query))
+        for timer in timers:
+            state = waiting.get(timer.key)
+            if state is not None:
+                wanted.setdefault(timer.key, state["q"])
+        ids = list(wanted)
+        found = dict(
+            zip(ids, event_store.get(connect(runner.plan.redis_url), self.store,
+                                     [wanted[i] for i in ids]), strict=True)
+        )  # fmt: skip
+        runner.count("lookups", len(ids))
+        for key, record, row, query in fresh:
+            value = found.get(key)
+            if value is not None:
+                self._joined(runner, key, record.timestamp, record.value, value, row)
+            else:
+                self._wait(runner, key, record, query)
+        by_key: dict[str, list[Timer]] = {}
+        for timer in timers:
+            by_key.setdefault(timer.key, []).append(timer)
+        for key, fired in by_key.items():
+            state = waiting.get(key)
+            if state is None:
+                continue  # joined or given up earlier in this batch
+            value = found.get(key)
+            if value is not None:
+                click = base64.b64decode(state["v"])
+                self._joined(runner, key, state["ts"], click, value, None)
+                runner.count("joined_on_retry")
+            elif any(t.tag == GIVE_UP for t in fired):
+                self._give_up(runner, key, state)
+            else:
+                state["n"] += 1
+                runner.count("retries")
+                runner.txn.set_state(key, json.dumps(state).encode())
+                runner.states[key] = json.dumps(state).encode()
+                at = runner.plan.now + self.retry.delay(state["n"], key)
+                runner.txn.set_timer(key, RETRY, at, TimeDomain.WALL)
+
+    def _wait(self, runner: KeyRunner, key: str, record: Record, query: str) -> None:
+        state = {
+            "q": query,
+            "ts": record.timestamp,
+            "v": base64.b64encode(record.value).decode(),
+            "n": 0,
+            "since": runner.plan.now,
+        }
+        blob = json.dumps(state).encode()
+        runner.txn.set_state(key, blob)
+        runner.states[key] = blob
+        runner.txn.set_timer(
+            key, RETRY, runner.plan.now + self.retry.delay(0, key), TimeDomain.WALL
+        )
+        hold = max(record.timestamp, runner.plan.output_watermark)
+        runner.txn.set_timer(key, GIVE_UP, hold + self.retry.give_up_ms, TimeDomain.EVENT, hold)
+        runner.count("waiting")
+
+    def _joined(
+        self,
+        runner: KeyRunner,
+        key: str,
+        timestamp: int,
+        click: bytes,
+        query: bytes,
+        row: tuple | None,
+    ) -> None:
+        record = Record(
+            key=key,
+            value=click,
+            timestamp=timestamp,
+            id=b"",
+            system_time=runner.plan.now,
+        )
+        error: Exception | None = None
+        for _ in range(runner.plan.user_retries + 1):
+            try:
+                value = _encode(self.combine(record, query))
+                break
+            except Exception as exc:
+                error = exc
+        else:
+            reason = f"join combine: {type(error).__name__}: {error}"
+            runner.dead_letter(key, reason, row, click=click.decode("utf-8", "backslashreplace"))
+            self._forget(runner, key)
+            return
+        runner.txn.checkpoint(
+            Production(
+                stream=self.output, key=key, value=value, timestamp=timestamp,
+                id=uuid.uuid4().bytes, system_time=runner.plan.now,
+            )
+        )  # fmt: skip
+        self._forget(runner, key)
+        runner.count("joined")
+
+    def _give_up(self, runner: KeyRunner, key: str, state: dict[str, Any]) -> None:
+        body = {
+            "id": key,
+            "query": state["q"],
+            "reason": f"no event {state['q']!r} in the event store after {state['n'] + 1} "
+            f"look-ups over {(runner.plan.now - state['since']) / 1000:.1f} s",
+            "click": base64.b64decode(state["v"]).decode("utf-8", "backslashreplace"),
+        }
+        runner.txn.checkpoint(
+            Production(
+                stream=self.unjoined, key=key, value=_encode(body), timestamp=state["ts"],
+                id=uuid.uuid4().bytes, system_time=runner.plan.now,
+            )
+        )  # fmt: skip
+        self._forget(runner, key)
+        runner.count("unjoined")
+
+    def _forget(self, runner: KeyRunner, key: str) -> None:
+        if runner.states.get(key) is not None:
+            runner.txn.delete_state(key)
+            runner.states[key] = None
+        runner.txn.delete_timer(key, RETRY)
+        runner.txn.delete_timer(key, GIVE_UP)
+
+    # --- the registry gate -------------------------------------------------------------------
+    def before_delivery(
+        self, plan: BatchPlan, computation: str, shard: int, productions: Sequence[Production]
+    ) -> tuple[list[Production], list[Production], dict[str, int]]:
+        """Joined output only after its click id is registered by this production's token."""
+        joined = [p for p in productions if p.stream == self.output]
+        if not joined:
+            return list(productions), [], {}
+        registry = IdRegistry(connect(self.registry_url or plan.redis_url), self.registry)
+        prefix = f"{plan.app}|{computation}|{shard}|"
+        answers = registry.insert(
+            [Claim(p.key, p.timestamp, prefix + p.id.hex()) for p in joined], plan.now
+        )
+        lost = {p.id for p, a in zip(joined, answers, strict=True) if a.outcome is Outcome.THEIRS}
+        deliver = [p for p in productions if p.id not in lost]
+        skipped = [p for p in productions if p.id in lost]
+        return deliver, skipped, {"lost_races": len(skipped), "registered": len(joined) - len(lost)}
+
+
+def declare_join(
+    topology: Any,
+    name: str,
+    *,
+    primary: str,
+    primary_id: Lookup,
+    secondary: str,
+    secondary_id: Lookup,
+    lookup: Lookup,
+    combine: Combine,
+    output: str,
+    unjoined: str,
+    registry: str,
+    registry_url: str | None,
+    retry: JoinRetry | None,
+    cache_ttl_s: int,
+    options: dict[str, Any],
+) -> None:
+    """`Topology.join`: the store computation, then the joiner (so a click and its query in
+    one batch join at once: the store writes before the joiner looks)."""
+    retry = retry or JoinRetry()
+    if not isinstance(retry, JoinRetry):
+        raise ConfigurationError(f"join {name!r}: retry must be a JoinRetry, got {retry!r}")
+    retry.validate(name)
+    for label, fn in (("primary_id", primary_id), ("secondary_id", secondary_id),
+                      ("lookup", lookup), ("combine", combine)):  # fmt: skip
+        if not callable(fn):
+            raise ConfigurationError(f"join {name!r}: {label} must be callable, got {fn!r}")
+    if not isinstance(cache_ttl_s, int) or isinstance(cache_ttl_s, bool) or cache_ttl_s < 1:
+        raise ConfigurationError(f"join {name!r}: cache_ttl_s must be an int >= 1")
+    if output == unjoined:
+        raise ConfigurationError(f"join {name!r}: output and unjoined must be two streams")
+    if options.get("productions", "strong") != "strong" or options.get("exactly_once") is False:
+        raise ConfigurationError(
+            f"join {name!r}: a join runs exactly-once with strong productions (its output is "
+            "registered before delivery)"
+        )
+    _check_registry(name, registry)
+    store = f"{topology.app}.{name}"
+    topology.computation(
+        f"{name}-store", EventStoreOperator(store, cache_ttl_s), inputs={secondary: secondary_id},
+        **{k: v for k, v in options.items() if k in ("shards",)},
+    )  # fmt: skip
+    joiner = JoinOperator(
+        store=store, lookup=lookup, combine=combine, output=output, unjoined=unjoined,
+        registry=registry, registry_url=registry_url, retry=retry,
+    )  # fmt: skip
+    topology.computation(
+        name, joiner, inputs={primary: primary_id}, outputs=[output, unjoined], **options
+    )
+
+
+def _check_registry(join: str, registry: str) -> None:
+    if not registry or any(c in registry for c in "{}:"):
+        raise ConfigurationError(
+            f"join {join!r}: registry name {registry!r} must be non-empty, without '{{', '}}' "
+            "or ':'"
+        )

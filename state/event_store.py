@@ -1,0 +1,46 @@
+"""Photon's event store, cache tier: secondary events (queries) by id, kept for a TTL.
+
+A join's store computation writes each secondary event here as it arrives; the joiner looks
+up a shard batch's primary events (clicks) in one pipelined round trip. A write is idempotent
+(the same id, the same bytes), so a batch replayed after a crash writes again harmlessly. One
+key per event, `ms:{<app>.<join>.es.<n>}:<id>` (n = mmh3(id) mod 16): inside the
+application's key prefix, and spread over 16 slots of a Redis Cluster (a pipeline groups them
+per node). Photon's log tier (reading the secondary stream's topic
+around the event's time once the cache has expired) is not built yet: an event older than the
+TTL is not found, and its primary events wait, then go unjoined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import mmh3
+
+from millstream.state.client import RedisClient
+
+SPREAD = 16  # hash tags per store: a Cluster spreads the events over this many slots
+
+
+def _key(store: str, id: str) -> str:
+    return f"ms:{{{store}.es.{mmh3.hash(id, signed=False) % SPREAD}}}:{id}"
+
+
+def put(client: RedisClient, store: str, events: Sequence[tuple[str, bytes]], ttl_s: int) -> None:
+    """Keep each (id, value) for `ttl_s` seconds; one round trip."""
+    if not events:
+        return
+    pipe = client.pipeline(transaction=False)
+    for id, value in events:
+        pipe.set(_key(store, id), value, ex=ttl_s)
+    pipe.execute()
+
+
+def get(client: RedisClient, store: str, ids: Sequence[str]) -> list[bytes | None]:
+    """Each id's value, None where not (or no longer) stored; one round trip."""
+    if not ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for id in ids:
+        pipe.get(_key(store, id))
+    return cast(list[bytes | None], pipe.execute())

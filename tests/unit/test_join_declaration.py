@@ -1,0 +1,84 @@
+"""`Topology.join` declares a store and a joiner, and refuses what would break its guarantees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from millstream import (
+    Computation,
+    ConfigurationError,
+    JoinRetry,
+    Topology,
+    json_field,
+    kafka_source,
+)
+from millstream.connectors.join_operator import EventStoreOperator, JoinOperator
+from millstream.testing import TopologyTestDriver
+
+
+def _topology(**overrides: Any) -> Topology:
+    topology = Topology("photon")
+    topology.source("clicks", kafka_source("c"))
+    topology.source("queries", kafka_source("q"))
+    options: dict[str, Any] = dict(
+        primary="clicks", primary_id=json_field("click_id"), secondary="queries",
+        secondary_id=json_field("query_id"), lookup=json_field("query_id"),
+        combine=lambda click, query: query, output="joined",
+    )  # fmt: skip
+    options.update(overrides)
+    return topology.join("joiner", **options)
+
+
+def test_a_join_is_a_store_then_a_joiner_gated_on_its_output() -> None:
+    topology = _topology()
+    topology.validate()
+    assert list(topology.computations) == ["joiner-store", "joiner"]
+    store, joiner = (topology.computations[n].operator for n in topology.computations)
+    assert isinstance(store, EventStoreOperator) and isinstance(joiner, JoinOperator)
+    assert joiner.gated_streams == ("joined",) and joiner.registry == "joiner"
+    assert topology.computations["joiner"].outputs >= {"joined", "unjoined"}
+
+
+def test_backoff_doubles_to_its_cap_with_deterministic_jitter() -> None:
+    retry = JoinRetry(first_ms=100, max_ms=1_000, give_up_ms=10_000)
+    delays = [retry.delay(n, "c1") for n in range(6)]
+    assert delays == [retry.delay(n, "c1") for n in range(6)]  # a re-run waits the same
+    for n, delay in enumerate(delays):
+        base = min(1_000, 100 << n)
+        assert base <= delay <= base + base // 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"retry": JoinRetry(first_ms=0)}, "first_ms"),
+        ({"retry": JoinRetry(first_ms=500, max_ms=100)}, "max_ms is below"),
+        ({"retry": 5}, "JoinRetry"),
+        ({"combine": "nope"}, "combine must be callable"),
+        ({"unjoined": "joined"}, "two streams"),
+        ({"registry": "a:b"}, "registry name"),
+        ({"productions": "weak"}, "strong productions"),
+        ({"cache_ttl_s": 0}, "cache_ttl_s"),
+    ],
+)
+def test_bad_declarations_are_refused_with_the_reason(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        _topology(**overrides)
+
+
+def test_a_join_output_read_inside_the_application_is_refused() -> None:
+    class Reader(Computation):
+        def process_record(self, ctx: Any, record: Any) -> None:
+            pass
+
+    topology = _topology()
+    topology.computation("reader", Reader(), inputs=["joined"])
+    with pytest.raises(ConfigurationError, match="only after its registry insert"):
+        topology.validate()
+
+
+def test_the_topology_test_driver_says_it_does_not_run_joins() -> None:
+    with pytest.raises(ConfigurationError, match="does not run joins yet"):
+        TopologyTestDriver(_topology())
