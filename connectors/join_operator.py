@@ -36,6 +36,7 @@ import mmh3
 
 from millstream.connectors.operator import KeyBatch, Operator
 from millstream.errors import ConfigurationError
+from millstream.fault_points import fault_point
 from millstream.records import Production, Record, TimeDomain, Timer
 from millstream.state import event_store
 from millstream.state.client import connect
@@ -304,10 +305,19 @@ class JoinOperator(Operator):
         answers = registry.insert(
             [Claim(p.key, p.timestamp, prefix + p.id.hex()) for p in joined], plan.now
         )
-        lost = {p.id for p, a in zip(joined, answers, strict=True) if a.outcome is Outcome.THEIRS}
+        outcomes = [a.outcome for a in answers]
+        lost = {p.id for p, o in zip(joined, outcomes, strict=True) if o is Outcome.THEIRS}
         deliver = [p for p in productions if p.id not in lost]
         skipped = [p for p in productions if p.id in lost]
-        return deliver, skipped, {"lost_races": len(skipped), "registered": len(joined) - len(lost)}
+        counts = {
+            "lost_races": len(skipped),
+            "registered": outcomes.count(Outcome.INSERTED),
+            # Inserted before a crash, delivered only now: Photon's lost-output window, closed.
+            "registered_before": outcomes.count(Outcome.OURS),
+        }
+        if len(lost) < len(joined):
+            fault_point("after_registry_insert")  # registered, not delivered yet
+        return deliver, skipped, counts
 
 
 def declare_join(

@@ -32,6 +32,8 @@ Points (see `connectors/delivery.py`, `connectors/shard_task.py`, `connectors/fu
   letters committed and settled; their queue entries are not removed yet.
 - `replay_chunk_queued` (`state/replay.py`, in `millstream dead-letters --replay`): a chunk of
   letters and their marks are queued; later chunks are not.
+- `after_registry_insert` (`connectors/join_operator.py`): a join's output is registered in the
+  IdRegistry under its token and not delivered yet.
 - `fused_after_stage_<computation>` (`connectors/fused.py`): that computation committed in this
   batch, the computations after it in the batch have not run yet.
 """
@@ -56,6 +58,7 @@ POINTS = (
     "after_weak_delivery",
     "before_replays_removed",
     "replay_chunk_queued",
+    "after_registry_insert",
 )
 STAGE_POINT = "fused_after_stage_"  # + a computation's name: it committed, later ones did not
 ENV_AT = "MILLSTREAM_TEST_CRASH_AT"

@@ -24,34 +24,18 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from millstream import JoinRetry, Topology, json_field, kafka_source
 from millstream.headers import HEADER_ID
 from millstream.state.client import connect
 from millstream.state.registry import IdRegistry
 from millstream.state.watermarks import WatermarkAuthority, now_ms
+from millstream.testing.process import PipelineProcess
 from tests.e2e.conftest import metric, read_topic, wait_until
+from tests.e2e.join_target import build
+from tests.e2e.sink_faults import ROOT, pipeline_env
 
 pytestmark = pytest.mark.spark
 
 CLICKS, QUERIES = 240, 160
-RETRY = JoinRetry(first_ms=200, max_ms=1_000, give_up_ms=6_000)
-
-
-def _combine(click: Any, query: bytes) -> dict[str, Any]:
-    body, q = json.loads(click.value), json.loads(query)
-    return {"click": body["click_id"], "query": q["query_id"], "text": q["text"]}
-
-
-def _topology(app: str, clicks: str, queries: str, registry: str) -> Topology:
-    topology = Topology(app)
-    topology.source("clicks", kafka_source(clicks, id_header="id"), max_out_of_order_ms=1_000)
-    topology.source("queries", kafka_source(queries, id_header="id"), max_out_of_order_ms=1_000)
-    topology.join(
-        "joiner", primary="clicks", primary_id=json_field("click_id"), secondary="queries",
-        secondary_id=json_field("query_id"), lookup=json_field("query_id"), combine=_combine,
-        output="joined", registry=registry, retry=RETRY, shards=2,
-    )  # fmt: skip
-    return topology
 
 
 def _ran_a_batch(client: Any, app: str) -> Any:
@@ -81,7 +65,7 @@ def test_two_pipelines_join_clicks_with_late_and_missing_queries_exactly_once(
     clicks_topic, queries_topic = kafka_topic_factory(partitions=2), kafka_topic_factory(2)
     registry = f"reg-{redis_namespace}"
     apps = (f"{redis_namespace}-a", f"{redis_namespace}-b")
-    first, second = (start_app(_topology(a, clicks_topic, queries_topic, registry)) for a in apps)
+    first, second = (start_app(build(a, clicks_topic, queries_topic, registry)) for a in apps)
     for app, running in zip(apps, (first, second), strict=True):
         wait_until(_ran_a_batch(redis_client, app), 90, "a batch", running)
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
@@ -155,3 +139,64 @@ def test_two_pipelines_join_clicks_with_late_and_missing_queries_exactly_once(
     assert sum(s["lost_races"] for s in stats.values()) > 0  # both joined; one output each
     assert stats[b]["joined_on_retry"] > 0 and stats[b]["retries"] > 0
     assert stats[apps[0]]["joined"] > 0  # the stopped one joined too before it went: raced
+
+
+def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_restart(
+    redis_url: str,
+    redis_client: Any,
+    redis_namespace: str,
+    kafka_bootstrap: str,
+    kafka_topic_factory: Any,
+    tmp_path: Any,
+) -> None:
+    """Photon's lost-output window: a joiner registered clicks and died before delivering
+    them. Restarted, it delivers them again under the same tokens: the registry answers
+    "ours", and each is output once."""
+    app, registry = redis_namespace, f"reg-{redis_namespace}"
+    clicks_topic, queries_topic = kafka_topic_factory(partitions=2), kafka_topic_factory(2)
+    crashes = tmp_path / "crashes"
+    env = pipeline_env(
+        redis_url, kafka_bootstrap, app, tmp_path, JOIN_TARGET_CLICKS=clicks_topic,
+        JOIN_TARGET_QUERIES=queries_topic, JOIN_TARGET_REGISTRY=registry,
+        MILLSTREAM_TEST_CRASH_FILE=str(crashes),
+    )  # fmt: skip
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    now = now_ms()
+    clicks = {f"c{i}": f"q{i % 40}" for i in range(120)}
+    for q in sorted(set(clicks.values())):
+        producer.produce(queries_topic, value=json.dumps({"query_id": q, "text": f"t{q}"}),
+                         headers=[("id", q.encode())], timestamp=now - 50)  # fmt: skip
+    for click, q in clicks.items():
+        producer.produce(clicks_topic, value=json.dumps({"click_id": click, "query_id": q}),
+                         headers=[("id", click.encode())], timestamp=now)  # fmt: skip
+    assert producer.flush(10) == 0
+    pipeline = PipelineProcess.run_target(
+        "tests.e2e.join_target:topology",
+        {**env, "MILLSTREAM_TEST_CRASH_AT": "after_registry_insert"},
+        tmp_path / "pipeline.log",
+        cwd=ROOT,
+    )
+    try:
+        pipeline.start()
+        assert pipeline.wait_exit(180) == -9, pipeline.log_tail()
+        assert "CRASH after_registry_insert 1" in crashes.read_text()
+        reg = IdRegistry(connect(redis_url), registry)
+        held = [t for t in reg.holders([(c, now) for c in clicks]) if t is not None]
+        assert held and all(t.startswith(f"{app}|joiner|") for t in held)
+        before = {c for c, _, _ in _joined(kafka_bootstrap, f"{app}.joined").values()}
+        assert len(before) < len(held)  # registered, not all output: the window is open
+        pipeline.start(env)
+        pipeline.wait_for(
+            lambda: len(_joined(kafka_bootstrap, f"{app}.joined")) >= len(clicks),
+            120,
+            "every click joined",
+        )
+        time.sleep(1.0)  # a (wrong) second output would land by now
+        output = list(_joined(kafka_bootstrap, f"{app}.joined").values())
+        assert sorted(c for c, _, _ in output) == sorted(clicks)  # each click once
+        for click, body, _ in output:
+            assert body == {"click": click, "query": clicks[click], "text": f"t{clicks[click]}"}
+        assert metric(redis_client, app, "joiner", "registered_before") > 0  # "ours" again
+        assert metric(redis_client, app, "joiner", "lost_races") == 0
+    finally:
+        pipeline.stop(30)

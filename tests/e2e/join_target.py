@@ -1,0 +1,42 @@
+"""A join run by `millstream run` (`tests.e2e.join_target:topology`, for tests/e2e/test_join.py).
+
+Clicks `{"click_id", "query_id"}` on JOIN_TARGET_CLICKS, queries `{"query_id", "text"}` on
+JOIN_TARGET_QUERIES (record ids in the `id` header); registry JOIN_TARGET_REGISTRY.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from millstream import JoinRetry, Topology, json_field, kafka_source
+
+RETRY = JoinRetry(first_ms=200, max_ms=1_000, give_up_ms=6_000)
+
+
+def combine(click: Any, query: bytes) -> dict[str, Any]:
+    body, q = json.loads(click.value), json.loads(query)
+    return {"click": body["click_id"], "query": q["query_id"], "text": q["text"]}
+
+
+def build(app: str, clicks: str, queries: str, registry: str) -> Topology:
+    topology = Topology(app)
+    topology.source("clicks", kafka_source(clicks, id_header="id"), max_out_of_order_ms=1_000)
+    topology.source("queries", kafka_source(queries, id_header="id"), max_out_of_order_ms=1_000)
+    topology.join(
+        "joiner", primary="clicks", primary_id=json_field("click_id"), secondary="queries",
+        secondary_id=json_field("query_id"), lookup=json_field("query_id"), combine=combine,
+        output="joined", registry=registry, retry=RETRY, shards=2,
+    )  # fmt: skip
+    return topology
+
+
+def topology() -> Topology:
+    env = os.environ
+    return build(
+        env["MILLSTREAM_APP"],
+        env["JOIN_TARGET_CLICKS"],
+        env["JOIN_TARGET_QUERIES"],
+        env["JOIN_TARGET_REGISTRY"],
+    )
