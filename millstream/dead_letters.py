@@ -16,17 +16,15 @@ from __future__ import annotations
 import base64
 import json
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from millstream.errors import ConfigurationError, TransientError
+from millstream.errors import ConfigurationError
 from millstream.state import replay
 from millstream.state.client import RedisClient
-
-IDLE_S = 2.0  # a partition that gives nothing for this long is read to its end
+from millstream.topic_reader import read_to_end
 
 
 @dataclass(frozen=True)
@@ -107,70 +105,18 @@ def _bytes_of(body: Mapping[str, Any], name: str) -> bytes | None:
 
 
 def read_letters(
-    kafka: Mapping[str, str],
-    topic: str,
-    progress: Callable[[int], None] | None = None,
-    idle_s: float = IDLE_S,
+    kafka: Mapping[str, str], topic: str, progress: Callable[[int], None] | None = None
 ) -> list[Letter]:
     """Every letter in `topic` as a read_committed reader sees it, once per id, oldest first
     per partition."""
-    from confluent_kafka import (
-        OFFSET_BEGINNING,
-        Consumer,
-        KafkaError,
-        KafkaException,
-        TopicPartition,
+    letters: dict[bytes, Letter] = {}
+    missing = (
+        ": the application has written no dead letter yet, or the app name (or --topic) is wrong"
     )
-
-    consumer = Consumer(
-        {
-            **kafka,
-            "group.id": f"millstream-dead-letters-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }
-    )
-    try:
-        try:
-            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        except KafkaException as exc:
-            raise TransientError(f"Kafka did not answer for topic {topic!r}: {exc}") from None
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise ConfigurationError(
-                f"topic {topic!r} does not exist: the application has written no dead letter "
-                "yet, or the app name (or --topic) is wrong"
-            )
-        # Each partition is read to the end a fetch reports (PARTITION_EOF), not to an end
-        # asked for with ListOffsets: a broker may answer that wrongly (the embedded one gives
-        # offset 1 for a partition of 1,100 letters; see injectors/_kafka_probe.py). A
-        # read_committed read that cannot reach the end (an open transaction) stops when idle.
-        ends = set(meta.partitions)
-        parts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(ends)]
-        letters: dict[bytes, Letter] = {}
-        if not parts:
-            return []
-        consumer.assign(parts)
-        last_seen = time.monotonic()
-        while ends:
-            message = consumer.poll(0.2)
-            if message is None:
-                if time.monotonic() - last_seen > idle_s:
-                    break  # what is left is an open transaction's or was deleted
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    ends.discard(message.partition())
-                continue
-            last_seen = time.monotonic()
-            letter = _letter(message)
-            letters.setdefault(letter.id, letter)
-            if progress is not None and len(letters) % 10_000 == 0:
-                progress(len(letters))
-        return sorted(letters.values(), key=lambda x: (x.partition, x.offset))
-    finally:
-        consumer.close()
+    for message in read_to_end(kafka, topic, missing=missing, progress=progress):
+        letter = _letter(message)
+        letters.setdefault(letter.id, letter)
+    return sorted(letters.values(), key=lambda x: (x.partition, x.offset))
 
 
 def _letter(message: Any) -> Letter:

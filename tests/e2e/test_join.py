@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -26,8 +28,10 @@ from confluent_kafka import Producer
 
 from millstream.headers import HEADER_ID
 from millstream.state.client import connect
+from millstream.state.keys import ShardKeys
 from millstream.state.registry import IdRegistry
 from millstream.state.watermarks import WatermarkAuthority, now_ms
+from millstream.state.wire import decode_production
 from millstream.testing.process import PipelineProcess
 from tests.e2e.conftest import metric, read_topic, wait_until
 from tests.e2e.join_target import build
@@ -36,6 +40,14 @@ from tests.e2e.sink_faults import ROOT, pipeline_env
 pytestmark = pytest.mark.spark
 
 CLICKS, QUERIES = 240, 160
+
+
+def _join_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "millstream.cli", "join", args[0], "tests.e2e.join_target:topology",
+         *args[1:]],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 def _ran_a_batch(client: Any, app: str) -> Any:
@@ -150,8 +162,11 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
     tmp_path: Any,
 ) -> None:
     """Photon's lost-output window: a joiner registered clicks and died before delivering
-    them. Restarted, it delivers them again under the same tokens: the registry answers
-    "ours", and each is output once."""
+    them; `join verify` finds them in flight. One shard's checkpoints are then deleted (output
+    lost after registration): verify names those clicks as orphans with their tokens.
+    Restarted, the pipeline delivers the others under the same tokens (the registry answers
+    "ours"); `join recover` releases the orphans and queues them again; in the end every click
+    is output once and verify says exactly once."""
     app, registry = redis_namespace, f"reg-{redis_namespace}"
     clicks_topic, queries_topic = kafka_topic_factory(partitions=2), kafka_topic_factory(2)
     crashes = tmp_path / "crashes"
@@ -185,7 +200,36 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
         assert held and all(t.startswith(f"{app}|joiner|") for t in held)
         before = {c for c, _, _ in _joined(kafka_bootstrap, f"{app}.joined").values()}
         assert len(before) < len(held)  # registered, not all output: the window is open
-        pipeline.start(env)
+
+        # The verifier sees them in flight: registered, their checkpoints still there.
+        until = str(now + 1_000)
+        found = _join_cli(env, "verify", "--apps", app, "--until-ms", until, "--json")
+        assert found.returncode == 1, found.stderr
+        report = json.loads(found.stdout)
+        assert report["in_flight"] == len(held) - len(before) and report["orphaned"] == 0
+        # Output lost after registration: one shard's checkpoints deleted. Its clicks are
+        # orphans: registered, never output, nothing left to deliver them.
+        lost_shard = int(report["examples"]["in_flight"][0][1].rsplit("|", 2)[1])
+        lost_keys = ShardKeys(app, "joiner", lost_shard)
+        lost = {
+            json.loads(decode_production(raw).value)["click"]
+            for raw in redis_client.hvals(lost_keys.productions)
+        }
+        redis_client.delete(
+            lost_keys.productions, lost_keys.production_times, lost_keys.production_system_times
+        )
+        found = json.loads(_join_cli(env, "verify", "--apps", app, "--until-ms", until,
+                                     "--json").stdout)  # fmt: skip
+        assert found["orphaned"] == len(lost) > 0, found
+        assert all(t.startswith(f"{app}|joiner|{lost_shard}|")
+                   for _, t in found["examples"]["orphaned"])  # fmt: skip
+
+        pipeline.start(env)  # delivers the ones in flight: the registry says "ours"
+        recovered = _join_cli(env, "recover", "--apps", app, "--into", app, "--until-ms", until,
+                              "--yes", "--json")  # fmt: skip
+        assert recovered.returncode == 0, recovered.stderr
+        done = json.loads(recovered.stdout)
+        assert done["released"] == done["requeued"] == len(lost), done
         pipeline.wait_for(
             lambda: len(_joined(kafka_bootstrap, f"{app}.joined")) >= len(clicks),
             120,
@@ -198,5 +242,7 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
             assert body == {"click": click, "query": clicks[click], "text": f"t{clicks[click]}"}
         assert metric(redis_client, app, "joiner", "registered_before") > 0  # "ours" again
         assert metric(redis_client, app, "joiner", "lost_races") == 0
+        final = _join_cli(env, "verify", "--apps", app, "--until-ms", until, "--json")
+        assert final.returncode == 0 and json.loads(final.stdout)["exactly_once"], final.stdout
     finally:
         pipeline.stop(30)

@@ -1,0 +1,267 @@
+"""`millstream join verify` and `recover`: Photon's verifier over pipelines sharing a registry.
+
+Verify, for the primary events (clicks) of a time range: every click id read from the primary
+stream's topics against the union of every pipeline's joined output (read_committed,
+deduplicated by production id as a consumer does). A click output twice is an at-most-once
+violation. A click not output is looked up: registered with a token whose checkpoint still
+exists is *in flight* (its pipeline delivers it); registered with no checkpoint and no output
+is an *orphan* (the output was lost after the insert); not registered, it is *waiting* (its
+query not found yet), *unjoined* (given up, in the unjoined stream) or *missing*.
+
+The order of the reads makes the orphan verdict safe: outputs are read, then the registry and
+the checkpoints, then the outputs again. A checkpoint is deleted only after its delivery, so a
+click whose checkpoint was gone at the second step and that is absent from the second read was
+never delivered.
+
+Recover releases each orphan's registry entry by its token (a wrong token releases nothing)
+and queues the click again for the joiner of one pipeline (`state/replay.py`, under a record id
+derived from the token), which joins and registers it afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from millstream.connectors.join_operator import JoinOperator
+from millstream.connectors.plan import shard_of
+from millstream.connectors.topology import ComputationSpec, Topology
+from millstream.errors import ConfigurationError
+from millstream.headers import HEADER_ID
+from millstream.state import replay
+from millstream.state.client import RedisClient, connect
+from millstream.state.keys import ShardKeys
+from millstream.state.registry import Claim, IdRegistry
+from millstream.state_tools import shard_count
+from millstream.topic_reader import read_to_end
+
+SHOWN = 20  # ids listed per verdict in the report
+
+
+@dataclass(frozen=True)
+class Click:
+    id: str
+    timestamp: int
+    key: bytes | None
+    value: bytes
+
+
+def find_join(topology: Topology, name: str | None) -> tuple[ComputationSpec, JoinOperator]:
+    joins = {n: s for n, s in topology.computations.items() if isinstance(s.operator, JoinOperator)}
+    if name is not None and name not in joins:
+        raise ConfigurationError(f"the topology has no join {name!r} (joins: {sorted(joins)})")
+    if name is None and len(joins) != 1:
+        raise ConfigurationError(f"name the join with --join (joins: {sorted(joins)})")
+    spec = joins[name or next(iter(joins))]
+    assert isinstance(spec.operator, JoinOperator)
+    return spec, spec.operator
+
+
+def read_clicks(
+    kafka: dict[str, str], topology: Topology, spec: ComputationSpec, until_ms: int
+) -> dict[str, Click]:
+    """The primary events with event time up to `until_ms`, by click id (the first of each)."""
+    [(stream, extract)] = spec.inputs.items()
+    clicks: dict[str, Click] = {}
+    for source in topology.sources[stream]:
+        topic = source.options.get("topics")
+        if not topic:
+            raise ConfigurationError(f"stream {stream!r}: only Kafka sources can be verified")
+        for message in read_to_end(kafka, topic):
+            ts = message.timestamp()[1]
+            if ts > until_ms:
+                continue
+            try:
+                click = extract(message.key(), message.value() or b"")
+            except Exception:
+                continue  # a dead letter of the joiner, not a click
+            clicks.setdefault(click, Click(click, ts, message.key(), message.value() or b""))
+    return clicks
+
+
+def read_outputs(kafka: dict[str, str], topics: dict[str, str]) -> dict[str, list[str]]:
+    """Click id -> the applications that output it, once per production id."""
+    out: dict[str, list[str]] = {}
+    for app, topic in topics.items():
+        seen: set[bytes] = set()
+        try:
+            messages = list(read_to_end(kafka, topic))
+        except ConfigurationError:
+            continue  # this pipeline has output nothing yet
+        for message in messages:
+            pid = dict(message.headers() or []).get(HEADER_ID, b"")
+            if pid in seen:
+                continue
+            seen.add(pid)
+            out.setdefault(message.key().decode(), []).append(app)
+    return out
+
+
+@dataclass
+class Verdicts:
+    clicks: int = 0
+    joined: int = 0
+    per_app: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    in_flight: list[tuple[str, str]] = field(default_factory=list)  # (click, token)
+    orphaned: list[tuple[str, str]] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    unjoined: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def exactly_once(self) -> bool:
+        return not (self.violations or self.orphaned or self.missing or self.in_flight
+                    or self.waiting)  # fmt: skip
+
+    def as_dict(self) -> dict[str, Any]:
+        def ids(items: list[Any]) -> list[Any]:
+            return [list(i) if isinstance(i, tuple) else i for i in items[:SHOWN]]
+
+        return {
+            "exactly_once": self.exactly_once,
+            "clicks": self.clicks,
+            "joined": self.joined,
+            "per_app": self.per_app,
+            "at_most_once_violations": len(self.violations),
+            "in_flight": len(self.in_flight),
+            "orphaned": len(self.orphaned),
+            "waiting": len(self.waiting),
+            "unjoined": len(self.unjoined),
+            "missing": len(self.missing),
+            "examples": {
+                "at_most_once_violations": ids(self.violations),
+                "orphaned": ids(self.orphaned),
+                "in_flight": ids(self.in_flight),
+                "waiting": ids(self.waiting),
+                "missing": ids(self.missing),
+            },
+        }
+
+
+def verify(
+    topology: Topology,
+    apps: list[str],
+    kafka: dict[str, str],
+    redis_url: str,
+    join: str | None = None,
+    until_ms: int | None = None,
+) -> tuple[Verdicts, dict[str, Click]]:
+    """The verdict on every click up to `until_ms` (module doc), and the clicks themselves."""
+    from millstream.state.watermarks import now_ms
+
+    spec, op = find_join(topology, join)
+    until = until_ms if until_ms is not None else now_ms() - op.retry.give_up_ms - 30_000
+    clicks = read_clicks(kafka, topology, spec, until)
+    outputs = {a: f"{a}.{op.output}" for a in apps}
+    first = read_outputs(kafka, outputs)
+    client = connect(redis_url)
+    registry = IdRegistry(connect(op.registry_url or redis_url), op.registry)
+    candidates = [c for c in clicks.values() if c.id not in first]
+    tokens = registry.holders([(c.id, c.timestamp) for c in candidates])
+    pending = _checkpointed(client, [t for t in tokens if t is not None])
+    second = read_outputs(kafka, outputs)
+    unjoined: set[str] = set()
+    for app in apps:
+        with contextlib.suppress(ConfigurationError):  # nothing unjoined there yet
+            unjoined |= {m.key().decode() for m in read_to_end(kafka, f"{app}.{op.unjoined}")}
+    shards = {a: _shards(client, a, spec.name) for a in apps}
+    out = Verdicts(clicks=len(clicks))
+    for click in clicks.values():
+        apps_out = second.get(click.id, [])
+        for app in apps_out:
+            out.per_app[app] = out.per_app.get(app, 0) + 1
+        if len(apps_out) > 1:
+            out.violations.append(click.id)
+        if apps_out:
+            out.joined += 1
+    for click, token in zip(candidates, tokens, strict=True):
+        if click.id in second:
+            continue
+        if token is not None:
+            (out.in_flight if token in pending else out.orphaned).append((click.id, token))
+        elif click.id in unjoined:
+            out.unjoined.append(click.id)
+        elif any(_waiting(client, a, spec.name, n, click.id) for a, n in shards.items() if n):
+            out.waiting.append(click.id)
+        else:
+            out.missing.append(click.id)
+    return out, clicks
+
+
+def _checkpointed(client: RedisClient, tokens: list[str]) -> set[str]:
+    """The tokens whose production is still checkpointed (not yet acknowledged)."""
+    parsed = []
+    for token in tokens:
+        app, computation, shard, hex_id = token.rsplit("|", 3)
+        parsed.append((token, ShardKeys(app, computation, int(shard)), bytes.fromhex(hex_id)))
+    if not parsed:
+        return set()
+    pipe = client.pipeline(transaction=False)
+    for _, keys, raw in parsed:
+        pipe.hexists(keys.productions, raw)
+    return {t for (t, _, _), held in zip(parsed, pipe.execute(), strict=True) if held}
+
+
+def _shards(client: RedisClient, app: str, computation: str) -> int:
+    try:
+        return shard_count(client, app, computation)
+    except ConfigurationError:
+        return 0  # this application has not run
+
+
+def _waiting(client: RedisClient, app: str, computation: str, shards: int, click: str) -> bool:
+    keys = ShardKeys(app, computation, shard_of(click, shards))
+    return bool(client.hexists(keys.state, click))
+
+
+def recover(
+    topology: Topology,
+    verdicts: Verdicts,
+    clicks: dict[str, Click],
+    into: str,
+    redis_url: str,
+    join: str | None = None,
+) -> dict[str, int]:
+    """Release each orphan by its token and queue its click for `into`'s joiner."""
+    spec, op = find_join(topology, join)
+    [stream] = spec.inputs
+    registry = IdRegistry(connect(op.registry_url or redis_url), op.registry)
+    orphans = [(clicks[c], token) for c, token in verdicts.orphaned]
+    released = registry.release([Claim(c.id, c.timestamp, t) for c, t in orphans])
+    again = [
+        replay.Replay(
+            letter=f"recover|{token}".encode(),
+            computation=spec.name,
+            stream=stream,
+            key=click.key,
+            value=click.value,
+            timestamp=click.timestamp,
+        )
+        for (click, token), ok in zip(orphans, released, strict=True)
+        if ok
+    ]
+    queued = replay.enqueue(connect(redis_url), into, again)
+    return {
+        "orphans": len(orphans),
+        "released": sum(released),
+        "requeued": queued.queued,
+        "requeued_before": queued.already,
+    }
+
+
+def render(verdicts: Verdicts) -> str:
+    data = verdicts.as_dict()
+    lines = [
+        f"{'exactly once' if data['exactly_once'] else 'NOT exactly once'}: {data['clicks']} "
+        f"clicks, {data['joined']} joined ({data['per_app']}), "
+        f"{data['at_most_once_violations']} output twice, {data['in_flight']} in flight, "
+        f"{data['orphaned']} orphaned, {data['waiting']} waiting, {data['unjoined']} unjoined, "
+        f"{data['missing']} missing"
+    ]
+    for name, items in data["examples"].items():
+        if items:
+            lines.append(f"  {name}: {json.dumps(items)}")
+    return "\n".join(lines)
