@@ -164,6 +164,10 @@ def _render_status(snapshot: dict[str, Any], as_json: bool) -> str:
                 else ""
             )
         )
+    if snapshot.get("replays_queued"):
+        lines.append(
+            f"  replayed dead letters queued, not applied yet: {snapshot['replays_queued']}"
+        )
     for stream, counts in snapshot.get("injectors", {}).items():
         if counts:
             told = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))

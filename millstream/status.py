@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from millstream.state import replay
 from millstream.state.keys import INJECTOR_EVENTS, ShardKeys, app_key
 from millstream.state.watermarks import INFINITY, UNKNOWN, WatermarkAuthority, now_ms
 
@@ -60,6 +61,8 @@ def status(client: Any, app: str) -> dict[str, Any]:
     now = now_ms()
     out: dict[str, Any] = {"app": app, "at": now, "computations": {}}
     out["injectors"] = injector_events(client, app)
+    # Dead letters queued by `millstream dead-letters --replay`, not applied yet.
+    out["replays_queued"] = replay.queued(client, app)
     for name in computations_of(client, app):
         metrics = {
             k.decode(): v.decode() for k, v in client.hgetall(app_key(app, "metrics", name)).items()

@@ -28,7 +28,7 @@ import pytest
 from confluent_kafka import Producer
 
 from millstream.state import replay
-from millstream.status import committed_counters
+from millstream.status import committed_counters, status
 from millstream.testing.process import PipelineProcess
 from tests.e2e.conftest import shard_states
 from tests.e2e.replay_target import SHARDS
@@ -136,6 +136,7 @@ def test_dead_letters_listed_then_replayed_exactly_once_through_sigkills(
         assert pipeline.wait_exit(120) == -9, pipeline.log_tail()
         assert "CRASH before_replays_removed 1" in crashes.read_text()
         assert replay.queued(redis_client, app) > 0  # applied, still queued
+        assert status(redis_client, app)["replays_queued"] == replay.queued(redis_client, app)
         pipeline.start(env)
 
         # 4. The replay again: the 600 it had not queued; then nothing.
