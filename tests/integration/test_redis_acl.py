@@ -10,6 +10,7 @@ import redis
 
 from millstream.embedded import start_redis
 from millstream.records import Production, TimeDomain
+from millstream.state import event_store, holder, replay
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, oldest_work
@@ -48,6 +49,12 @@ def test_documented_acl_line_allows_millstream_and_nothing_else(tmp_path: Path) 
         authority.publish("comp", Watermark(5, 5))
         assert oldest_work(client, [keys])[0].event == 5
         assert status(client, app)["app"] == app
+        # The application's other keys: its holder, the replay queue, a join's event store.
+        assert holder.claim(client, app, holder.Holder.this_process()) is None
+        replay.enqueue(client, app, [replay.Replay(b"l", "comp", "s", None, b"v", 1)])
+        assert len(replay.read_queue(client, app, ["comp"], 10)) == 1
+        event_store.put(client, f"{app}.joiner", [("q1", b"query")], 60)
+        assert event_store.get(client, f"{app}.joiner", ["q1"]) == [b"query"]
 
         other = ShardKeys("someone-else", "comp", 0)
         with pytest.raises(redis.exceptions.NoPermissionError):
