@@ -23,6 +23,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from confluent_kafka import KafkaException
 
 from millstream.connectors.delivery import deliver_all
@@ -79,10 +80,12 @@ def drain_shard(
         return DrainResult(shard, 0, 0)
     streams = tuple(sorted({p.stream for p in pending}))
     try:
-        delivered = deliver_all(plan, spec.name, shard, pending)
+        # The operator's say first, as in the settlement (a join's registry gate).
+        outside, skipped, _ = spec.operator.before_delivery(plan, spec.name, shard, pending)
+        delivered = deliver_all(plan, spec.name, shard, outside) + skipped
     except ConfigurationError:
         raise
-    except (MillstreamError, KafkaException) as exc:
+    except (MillstreamError, KafkaException, redis.RedisError) as exc:
         return DrainResult(shard, 0, len(pending), f"{type(exc).__name__}: {exc}", streams)
     ack = store.begin()
     ack.ack(delivered)

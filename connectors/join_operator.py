@@ -11,7 +11,8 @@ the batch's records and due timers:
   and timers go, all in the shard's one commit with the click's record id;
 - not found: the click waits in state with a wall-time retry timer (exponential backoff with
   jitter derived from the click id, so a re-run is deterministic) and an event-time give-up
-  timer at `click time + give_up_ms` that holds the joiner's low watermark at the click's time
+  timer at `click time + give_up_ms` (from the joiner's low watermark for a click already
+  behind it) that holds the joiner's low watermark at the click's time
   (its joined output, stamped there, is not late downstream); each retry looks again; when the
   low watermark passes the give-up time the click goes to the `unjoined` stream with the reason.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,13 +42,16 @@ from millstream.fault_points import fault_point
 from millstream.records import Production, Record, TimeDomain, Timer
 from millstream.state import event_store
 from millstream.state.client import connect
-from millstream.state.registry import Claim, IdRegistry, Outcome
+from millstream.state.registry import DAY_MS, Claim, IdRegistry, Outcome
 
 if TYPE_CHECKING:
     from millstream.connectors.key_runner import KeyRunner
     from millstream.connectors.plan import BatchPlan
 
 RETRY, GIVE_UP = "retry", "give-up"
+REGISTRY_RETENTION_DAYS = 7  # IdRegistry entries live this long after their event's day
+RETENTION_MARGIN_MS = 3_600_000  # a click this close to it is refused: its output might not be
+log = logging.getLogger(__name__)
 Combine = Callable[[Record, bytes], Any]
 Lookup = Callable[[bytes | None, bytes], str]
 
@@ -167,6 +172,14 @@ class JoinOperator(Operator):
         for key, record, row in records:
             if key in waiting or key in wanted:
                 runner.count("duplicate_clicks")  # the same click id again, another record id
+                continue
+            if self._past_retention(record.timestamp, runner.plan.now + RETENTION_MARGIN_MS):
+                reason = (
+                    f"join: click time {record.timestamp} is past the IdRegistry's "
+                    f"{REGISTRY_RETENTION_DAYS}-day retention: it cannot be registered, so it "
+                    "cannot be output at most once"
+                )
+                runner.dead_letter(key, reason, row)
                 continue
             try:
                 query = self.lookup(row[2], record.value)  # the Kafka key, the value
@@ -292,6 +305,11 @@ class JoinOperator(Operator):
         runner.txn.delete_timer(key, RETRY)
         runner.txn.delete_timer(key, GIVE_UP)
 
+    @staticmethod
+    def _past_retention(event_ms: int, at_ms: int) -> bool:
+        """The registry bucket of `event_ms` is gone by `at_ms` (`IdRegistry.expire_at`)."""
+        return (event_ms // DAY_MS + 1 + REGISTRY_RETENTION_DAYS) * DAY_MS <= at_ms
+
     # --- the registry gate -------------------------------------------------------------------
     def before_delivery(
         self, plan: BatchPlan, computation: str, shard: int, productions: Sequence[Production]
@@ -300,17 +318,32 @@ class JoinOperator(Operator):
         joined = [p for p in productions if p.stream == self.output]
         if not joined:
             return list(productions), [], {}
-        registry = IdRegistry(connect(self.registry_url or plan.redis_url), self.registry)
+        registry = IdRegistry(
+            connect(self.registry_url or plan.redis_url), self.registry,
+            retention_days=REGISTRY_RETENTION_DAYS,
+        )  # fmt: skip
+        # Past the retention while waiting for delivery (the joiner refuses older clicks):
+        # registering is impossible, so they are not output; counted and logged.
+        expired = {p.id for p in joined if self._past_retention(p.timestamp, plan.now)}
+        if expired:
+            log.warning(
+                "join %s: %d joined outputs passed the IdRegistry's %d-day retention before "
+                "delivery; not output (past_retention)", computation, len(expired),
+                REGISTRY_RETENTION_DAYS,
+            )  # fmt: skip
+            joined = [p for p in joined if p.id not in expired]
         prefix = f"{plan.app}|{computation}|{shard}|"
         answers = registry.insert(
             [Claim(p.key, p.timestamp, prefix + p.id.hex()) for p in joined], plan.now
         )
         outcomes = [a.outcome for a in answers]
         lost = {p.id for p, o in zip(joined, outcomes, strict=True) if o is Outcome.THEIRS}
+        lost |= expired
         deliver = [p for p in productions if p.id not in lost]
         skipped = [p for p in productions if p.id in lost]
         counts = {
-            "lost_races": len(skipped),
+            "lost_races": len(skipped) - len(expired),
+            "past_retention": len(expired),
             "registered": outcomes.count(Outcome.INSERTED),
             # Inserted before a crash, delivered only now: Photon's lost-output window, closed.
             "registered_before": outcomes.count(Outcome.OURS),
@@ -358,7 +391,7 @@ def declare_join(
             "registered before delivery)"
         )
     _check_registry(name, registry)
-    store = f"{topology.app}.{name}"
+    store = f"{topology.app}:es:{name}"  # state/event_store.py: inside the app's prefix
     topology.computation(
         f"{name}-store", EventStoreOperator(store, cache_ttl_s), inputs={secondary: secondary_id},
         **{k: v for k, v in options.items() if k in ("shards",)},

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import redis
 from confluent_kafka import KafkaException
 
 from millstream.connectors.delivery import deliver_all
@@ -126,7 +127,7 @@ class Settlement:
                 counters["delivered"] = len(outside)
             except ConfigurationError:
                 raise
-            except (MillstreamError, KafkaException) as exc:
+            except (MillstreamError, KafkaException, redis.RedisError) as exc:
                 log.warning("shard %s: delivery failed, will retry: %s", keys.tag, exc)
                 counters["delivery_failures"] = 1
         if inside_only:

@@ -3,9 +3,9 @@
 A join's store computation writes each secondary event here as it arrives; the joiner looks
 up a shard batch's primary events (clicks) in one pipelined round trip. A write is idempotent
 (the same id, the same bytes), so a batch replayed after a crash writes again harmlessly. One
-key per event, `ms:{<app>.<join>.es.<n>}:<id>` (n = mmh3(id) mod 16): inside the
-application's key prefix, and spread over 16 slots of a Redis Cluster (a pipeline groups them
-per node). Photon's log tier (reading the secondary stream's topic
+key per event, `ms:{<app>:es:<join>:<n>}:<id>` (n = mmh3(id) mod 16): inside the
+application's key prefix (`millstream reset` removes them, the README's ACL line covers them),
+and spread over 16 slots of a Redis Cluster (a pipeline groups them per node). Photon's log tier (reading the secondary stream's topic
 around the event's time once the cache has expired) is not built yet: an event older than the
 TTL is not found, and its primary events wait, then go unjoined.
 """
@@ -23,7 +23,7 @@ SPREAD = 16  # hash tags per store: a Cluster spreads the events over this many 
 
 
 def _key(store: str, id: str) -> str:
-    return f"ms:{{{store}.es.{mmh3.hash(id, signed=False) % SPREAD}}}:{id}"
+    return f"ms:{{{store}:{mmh3.hash(id, signed=False) % SPREAD}}}:{id}"
 
 
 def put(client: RedisClient, store: str, events: Sequence[tuple[str, bytes]], ttl_s: int) -> None:

@@ -128,15 +128,24 @@ def enqueue(client: RedisClient, app: str, replays: Sequence[Replay]) -> Queued:
 
 
 def read_queue(
-    client: RedisClient, app: str, computations: Iterable[str], count: int
+    client: RedisClient, app: str, computations: Iterable[str], count: int, page: int = 1000
 ) -> list[tuple[str, Replay]]:
-    """Up to `count` queued entries for `computations`, oldest first: (entry id, replay)."""
+    """Up to `count` queued entries for `computations`, oldest first: (entry id, replay).
+
+    Read a page at a time: entries for other computations (another query's, or one no query
+    runs any more) never hide later ones."""
     wanted = set(computations)
     out: list[tuple[str, Replay]] = []
-    for entry, fields in client.xrange(queue_key(app), count=count):
-        replay = Replay.from_fields(fields)
-        if replay.computation in wanted:
-            out.append((_text(entry), replay))
+    start = "-"
+    while len(out) < count:
+        entries = client.xrange(queue_key(app), min=start, count=page)
+        for entry, fields in entries:
+            replay = Replay.from_fields(fields)
+            if replay.computation in wanted and len(out) < count:
+                out.append((_text(entry), replay))
+        if len(entries) < page:
+            break
+        start = "(" + _text(entries[-1][0])  # exclusive: after the last one read
     return out
 
 

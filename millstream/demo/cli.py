@@ -62,11 +62,17 @@ def main(args: argparse.Namespace) -> int:
     from millstream.embedded import embedded_services
 
     with embedded_services(settings) as (redis_url, bootstrap):
-        summary = run_demo(opts, settings, redis_url, bootstrap)
-    if opts.json:
-        print(json.dumps(summary, indent=2, default=str))
-    else:
-        print(text_report(summary))
+        if opts.job == "photon":
+            from millstream.demo.photon import run_photon
+            from millstream.demo.photon import text_report as photon_report
+
+            summary = run_photon(opts.duration, opts.rate, opts.seed, opts.output, settings,
+                                 redis_url, bootstrap)  # fmt: skip
+            report = photon_report(summary)
+        else:
+            summary = run_demo(opts, settings, redis_url, bootstrap)
+            report = text_report(summary)
+    print(json.dumps(summary, indent=2, default=str) if opts.json else report)
     return 0 if summary["passed"] else 1
 
 

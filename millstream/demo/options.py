@@ -11,7 +11,7 @@ from pathlib import Path
 @dataclass(frozen=True)
 class DemoOptions:
     duration: float = 120.0  # seconds of generated traffic
-    rate: float = 300.0  # events per second, on average
+    rate: float = 300.0  # events per second, on average (photon: clicks per second, 100)
     duplicates: float = 0.01  # share of events sent twice
     late: float = 0.002  # share of events sent far behind the watermark
     seed: int = 7
@@ -20,6 +20,7 @@ class DemoOptions:
     json: bool = False
     shards: int = 4
     queries: int = 200
+    job: str = "zeitgeist"
 
     def as_dict(self) -> dict[str, object]:
         out = asdict(self)
@@ -33,7 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--duration", type=float, default=d.duration, help="seconds of traffic (default 120)"
     )
     parser.add_argument(
-        "--rate", type=float, default=d.rate, help="events per second (default 300)"
+        "--rate",
+        type=float,
+        default=None,
+        help="events per second (default 300); with --job photon, clicks per second (100)",
+    )
+    parser.add_argument(
+        "--job",
+        choices=["zeitgeist", "photon"],
+        default=d.job,
+        help="zeitgeist (default): anomaly detection on query counts; photon: clicks joined "
+        "with their queries by two pipelines active-active, one SIGKILLed, one paused",
     )
     parser.add_argument(
         "--duplicates", type=float, default=d.duplicates, help="share sent twice (0.01)"
@@ -54,9 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> DemoOptions:
+    d = DemoOptions()
     opts = DemoOptions(
         duration=args.duration,
-        rate=args.rate,
+        rate=args.rate if args.rate is not None else (100.0 if args.job == "photon" else d.rate),
+        job=args.job,
         duplicates=args.duplicates,
         late=args.late,
         seed=args.seed,

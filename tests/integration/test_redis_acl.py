@@ -53,8 +53,8 @@ def test_documented_acl_line_allows_millstream_and_nothing_else(tmp_path: Path) 
         assert holder.claim(client, app, holder.Holder.this_process()) is None
         replay.enqueue(client, app, [replay.Replay(b"l", "comp", "s", None, b"v", 1)])
         assert len(replay.read_queue(client, app, ["comp"], 10)) == 1
-        event_store.put(client, f"{app}.joiner", [("q1", b"query")], 60)
-        assert event_store.get(client, f"{app}.joiner", ["q1"]) == [b"query"]
+        event_store.put(client, f"{app}:es:joiner", [("q1", b"query")], 60)
+        assert event_store.get(client, f"{app}:es:joiner", ["q1"]) == [b"query"]
 
         other = ShardKeys("someone-else", "comp", 0)
         with pytest.raises(redis.exceptions.NoPermissionError):

@@ -62,6 +62,9 @@ def test_the_driver_takes_its_own_computations_entries(store_client: Any) -> Non
     replay.enqueue(store_client, app, _letters(3, "a") + _letters(2, "b"))
     mine = replay.read_queue(store_client, app, ["b"], count=100)
     assert [r.computation for _, r in mine] == ["b", "b"]
+    # Read a page at a time: the other computations' entries never hide these.
+    assert replay.read_queue(store_client, app, ["b"], count=100, page=2) == mine
+    assert len(replay.read_queue(store_client, app, ["a"], count=2, page=1)) == 2
     offsets = [replay.entry_offset(entry) for entry, _ in mine]
     assert offsets == sorted(set(offsets))  # a position per entry, in queue order
     replay.remove(store_client, app, [entry for entry, _ in mine])
