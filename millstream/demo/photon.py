@@ -222,6 +222,9 @@ def _summary(run_id: str, folder: Path, plan: Any, player: Any, watcher: OutputW
         ("every click whose query came was joined",
          {c for c, f in plan.fates.items() if f != "never"} <= set(seen.first_seen)),
         ("no click whose query never came was joined", not (never & set(seen.first_seen))),
+        ("every joined output is its click with the query that showed its ad",
+         all({k: body.get(k) for k in ("click", "query", "terms", "ad")} == plan.joined[c]
+             for c, body in seen.bodies.items())),
         ("every click whose query never came went unjoined", verdicts.missing == []
          and len(verdicts.unjoined) == len(never)),
         ("both pipelines contributed", all(n > 0 for n in per_app.values())),

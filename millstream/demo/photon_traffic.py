@@ -3,7 +3,8 @@
 Traffic: one query per click (the search that showed the clicked ad). Most queries are sent
 just before their click; a share is sent late (a few seconds to `max_delay_s` after it, so the
 click waits and retries); a share never (the click goes unjoined after the give-up time); a
-share of clicks is sent twice (a retrying producer).
+share of clicks is sent twice (a retrying producer: the same record id), and a smaller share
+again under a new record id (the same click logged twice: only the registry can tell).
 
 The observer reads both pipelines' joined output as it arrives and, every 0.5 s, counts the
 clicks output more than once (by distinct production id, as a consumer deduplicates): Photon's
@@ -40,6 +41,7 @@ class PhotonPlan:
     sends: list[Send]
     fates: dict[str, str]  # click id -> "on_time" | "late" | "never"
     duration_ms: int
+    joined: dict[str, dict[str, Any]]  # click id -> what its joined output must say
 
 
 def plan_traffic(
@@ -49,6 +51,7 @@ def plan_traffic(
     rng = random.Random(seed)
     sends: list[Send] = []
     fates: dict[str, str] = {}
+    joined: dict[str, dict[str, Any]] = {}
     for i in range(int(duration_s * rate)):
         at = int(i * 1000 / rate)
         click, query = f"c{i}", f"q{i}"
@@ -61,11 +64,14 @@ def plan_traffic(
             delay = int(rng.uniform(1.0, max_delay_s) * 1000)
             sends.append(Send(at + delay, "queries", query, shown))
         body = {"click_id": click, "query_id": query, "ad": f"ad{rng.randrange(50)}"}
+        joined[click] = {"click": click, "query": query, "terms": shown["terms"], "ad": body["ad"]}
         sends.append(Send(at, "clicks", click, body))
-        if rng.random() < duplicates:
+        if rng.random() < duplicates:  # a producer's retry: the same record id
             sends.append(Send(at + rng.randrange(10, 2000), "clicks", click, body))
+        if rng.random() < duplicates / 2:  # the same click logged twice: a new record id
+            sends.append(Send(at + rng.randrange(10, 2000), "clicks", f"{click}-again", body))
     sends.sort(key=lambda s: s.at_ms)
-    return PhotonPlan(sends, fates, int(duration_s * 1000))
+    return PhotonPlan(sends, fates, int(duration_s * 1000), joined)
 
 
 class Player(threading.Thread):
@@ -114,6 +120,7 @@ class Player(threading.Thread):
 class Observed:
     first_seen: dict[str, tuple[int, str]] = field(default_factory=dict)  # click -> (ms, app)
     outputs: dict[str, set[bytes]] = field(default_factory=dict)  # click -> production ids
+    bodies: dict[str, dict[str, Any]] = field(default_factory=dict)  # click -> first output
     samples: list[dict[str, Any]] = field(default_factory=list)  # every 0.5 s
 
 
@@ -156,6 +163,7 @@ class OutputWatcher(threading.Thread):
                     with self._lock:
                         self.seen.outputs.setdefault(click, set()).add(pid)
                         self.seen.first_seen.setdefault(click, (now_ms(), app))
+                        self.seen.bodies.setdefault(click, json.loads(message.value() or b"{}"))
                 if time.monotonic() >= next_sample:
                     next_sample += SAMPLE_EVERY_S
                     self._sample()

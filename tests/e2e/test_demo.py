@@ -1,4 +1,6 @@
-"""A short Zeitgeist demo in CI: SIGKILL of the pipeline mid-run, then full verification."""
+"""Short demos in CI, as users run them: the Zeitgeist demo with a SIGKILL of the pipeline
+mid-run, and the Photon demo (two pipelines active-active on one registry, one SIGKILLed, one
+paused), each with its full verification."""
 
 from __future__ import annotations
 
@@ -35,6 +37,34 @@ def test_short_demo_with_a_crash_passes_verification(
     assert summary["counts"]["duplicates_sent"] > 0 and summary["counts"]["late_sent"] > 0
     for plot in summary["plots"]:
         assert Path(plot).stat().st_size > 10_000, f"{plot} is missing or empty"
+
+
+def test_short_photon_demo_with_its_faults_passes_verification(
+    redis_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "MILLSTREAM_STATE_DIR": str(tmp_path / "state"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "millstream.cli", "demo", "--job", "photon", "--duration", "24",
+         "--json", "--output", str(tmp_path / "photon")],
+        env=env, capture_output=True, timeout=600, check=False,
+    )  # fmt: skip
+    stderr = done.stderr.decode(errors="replace")
+    assert done.stdout, f"no JSON summary; stderr tail:\n{stderr[-3000:]}"
+    summary = json.loads(done.stdout)
+    failed = [c for c in summary["checks"] if not c["passed"]]
+    assert done.returncode == 0 and summary["passed"], f"failed checks: {failed}"
+    assert summary["at_most_once_violations"] == 0 and summary["samples"] > 40
+    assert summary["exactly_once"] and summary["unjoined"] > 0 and summary["lost_races"] > 0
+    assert [f["type"].split()[0] for f in summary["faults"]] == ["SIGKILL", "SIGSTOP"]
+    assert all(v["joined"] > 0 for v in summary["per_pipeline"].values())
+    assert summary["latency_on_time_s"]["p50"] is not None
+    assert "progress" not in summary and "[" in stderr  # progress lines went to stderr
+    assert Path(summary["plot"]).stat().st_size > 10_000
 
 
 def test_demo_rejects_bad_options() -> None:
