@@ -209,7 +209,12 @@ class Feeder:
             self._produce(event)
 
     def start(self, first: int, n: int, rate: float) -> None:
-        """Send n events from e<first> at `rate` per second in a background thread."""
+        """Send n events from e<first> at `rate` per second in a background thread.
+
+        May be called again for another phase of input once `join()` returned; the ground truth
+        (`finish()`) then covers every phase.
+        """
+        assert self._thread is None or not self._thread.is_alive(), "the previous feed still runs"
 
         def run() -> None:
             try:
