@@ -22,6 +22,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from millstream.fault_points import fault_point
 from millstream.state.client import RedisClient
@@ -119,7 +120,7 @@ def enqueue(client: RedisClient, app: str, replays: Sequence[Replay]) -> Queued:
         stamp = str(now_ms()).encode()
         pipe = client.pipeline(transaction=True)
         for replay in fresh:
-            pipe.xadd(queue_key(app), dict(replay.fields()))
+            pipe.xadd(queue_key(app), cast(Any, replay.fields()))
         pipe.hset(marks_key(app), mapping={r.letter.hex(): stamp for r in fresh})
         pipe.execute()
         done.queued += len(fresh)
@@ -138,7 +139,10 @@ def read_queue(
     out: list[tuple[str, Replay]] = []
     start = "-"
     while len(out) < count:
-        entries = client.xrange(queue_key(app), min=start, count=page)
+        entries = cast(
+            list[tuple[bytes, dict[bytes, bytes]]],
+            client.xrange(queue_key(app), min=start, count=page),
+        )
         for entry, fields in entries:
             replay = Replay.from_fields(fields)
             if replay.computation in wanted and len(out) < count:
