@@ -412,7 +412,7 @@ class FusedRunner:
         stage: Stage,
         by_stream: dict[str, list[tuple]],
         handed: dict[str, list[tuple]],
-        replayed: list[tuple],
+        replayed: Sequence[tuple] = (),
     ) -> dict[int, list[TaskInput]]:
         """Each input row's shard under this computation's key extractors, computed once."""
         extractors = dict(stage.spec.inputs)
