@@ -356,7 +356,7 @@ class FusedRunner:
         self.authority.publish(f"{name}#input", end_wm or input_wm)
         plan = self._plan(stage, batch_id, input_wm, now, end_wm)
         route_started = time.perf_counter()
-        extra = replay_rows(replayed, now, (end_wm or input_wm).event) if replayed else []
+        extra = replay_rows(replayed, now, (end_wm or input_wm).event, stage.spec.inputs, name)
         inputs = self._route(stage, by_stream, handed, extra)
         routed = time.perf_counter()
         event_wm = (end_wm or input_wm).event
@@ -417,9 +417,7 @@ class FusedRunner:
         """Each input row's shard under this computation's key extractors, computed once."""
         extractors = dict(stage.spec.inputs)
         rows = [row for s in extractors for row in (*by_stream.get(s, ()), *handed.get(s, ()))]
-        for row in replayed:  # a stream it no longer reads: a dead letter again, saying so
-            rows.append(row if row[0] in extractors else (*row[:-1], f"replayed dead letter of "
-                        f"stream {row[0]!r}, which {stage.name!r} no longer reads"))  # fmt: skip
+        rows += replayed
         inputs: dict[int, list[TaskInput]] = {}
         routed = route(extractors, stage.shards, iter(rows), stage.spec.formats)
         for shard, item in routed:

@@ -10,6 +10,7 @@ next batch reads them again from the same position and the catalog drops them as
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from millstream.fault_points import fault_point
@@ -49,14 +50,22 @@ class ReplayIntake:
             self.taken = []
 
 
-def replay_rows(entries: list[tuple[str, replay.Replay]], now: int, floor: int) -> list[tuple]:
+def replay_rows(
+    entries: list[tuple[str, replay.Replay]],
+    now: int,
+    floor: int,
+    streams: Collection[str],
+    computation: str,
+) -> list[tuple]:
     """Rows in the injected schema's order for one computation's replays.
 
     A letter replayed without its event time (`--restamp`) is stamped when applied, never
     behind `floor` (the computation's input watermark), so it is on time. The system time is
     the batch's: the catalog looks for an id in every live bucket, so a re-read after a crash
     is still found. Headers named `ms-` are not carried: on an internal stream they would
-    give the record the original production's id, which the catalog already holds.
+    give the record the original production's id, which the catalog already holds. A letter
+    of a stream the computation no longer reads (`streams`) is an error row: a dead letter
+    again, saying so.
     """
     rows = []
     for entry, item in entries:
@@ -74,7 +83,10 @@ def replay_rows(entries: list[tuple[str, replay.Replay]], now: int, floor: int) 
                 0,
                 replay.entry_offset(entry),
                 headers,
-                None,
+                None
+                if item.stream in streams
+                else f"replayed dead letter of stream {item.stream!r}, which {computation!r} "
+                "no longer reads",
             )
         )
     return rows

@@ -298,7 +298,7 @@ class Topology:
         `registry_url` (default REDIS_URL): at most one joined output per click across every
         pipeline sharing it. Declares two computations: `<name>-store` and `<name>`.
         """
-        from millstream.connectors.join_operator import declare_join
+        from millstream.connectors.join_declaration import declare_join
 
         declare_join(
             self, name, primary=primary, primary_id=primary_id, secondary=secondary,
