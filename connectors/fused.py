@@ -52,6 +52,7 @@ from millstream.connectors.settlement import Done, Settlement, hand_over
 from millstream.connectors.shard_jobs import busy_shards, no_cyclic_gc, run_shards
 from millstream.connectors.stage_plan import PlanContext, Stage, plan_stages, topological_order
 from millstream.connectors.targets import TOPIC_TIMEOUT_S, Endpoints, InternalStreamSink
+from millstream.connectors.throttle import Throttles
 from millstream.connectors.topology import Topology
 from millstream.errors import ConfigurationError, MillstreamError
 from millstream.fault_points import fault_point
@@ -127,6 +128,15 @@ class FusedRunner:
         self.settlement = Settlement(self.client, topology.app)
         self.replays = ReplayIntake(
             self.client, topology.app, tuple(self.order), settings.max_records_per_batch
+        )
+        self.throttles = Throttles(
+            self.client,
+            topology.app,
+            [
+                (stage, throttle)
+                for stage in self.stages.values()
+                if (throttle := stage.spec.operator.throttle()) is not None
+            ],
         )
         self.query: Any = None
         self.last_batch: dict[str, Any] = {}
@@ -330,6 +340,8 @@ class FusedRunner:
             self.last_batch,
             time.perf_counter() - started,
         )
+        # After the commits, before Spark plans the next batch: a join's clicks pause there.
+        self.throttles.check(now_ms())
 
     def _run_stage(
         self,

@@ -31,6 +31,7 @@ def declare_join(
     registry_url: str | None,
     retry: JoinRetry | None,
     cache_ttl_s: int,
+    max_waiting: int | None,
     options: dict[str, Any],
 ) -> None:
     """`Topology.join`: the store computation, then the joiner (so a click and its query in
@@ -45,6 +46,13 @@ def declare_join(
             raise ConfigurationError(f"join {name!r}: {label} must be callable, got {fn!r}")
     if not isinstance(cache_ttl_s, int) or isinstance(cache_ttl_s, bool) or cache_ttl_s < 1:
         raise ConfigurationError(f"join {name!r}: cache_ttl_s must be an int >= 1")
+    if max_waiting is not None and (
+        not isinstance(max_waiting, int) or isinstance(max_waiting, bool) or max_waiting < 1
+    ):
+        raise ConfigurationError(
+            f"join {name!r}: max_waiting must be an int >= 1 (waiting clicks per shard) or None "
+            f"(no bound), got {max_waiting!r}"
+        )
     if output == unjoined:
         raise ConfigurationError(f"join {name!r}: output and unjoined must be two streams")
     if options.get("productions", "strong") != "strong" or options.get("exactly_once") is False:
@@ -60,7 +68,8 @@ def declare_join(
     )  # fmt: skip
     joiner = JoinOperator(
         store=store, lookup=lookup, combine=combine, output=output, unjoined=unjoined,
-        registry=registry, registry_url=registry_url, retry=retry,
+        registry=registry, registry_url=registry_url, retry=retry, primary=primary,
+        max_waiting=max_waiting,
     )  # fmt: skip
     topology.computation(
         name, joiner, inputs={primary: primary_id}, outputs=[output, unjoined], **options

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import mmh3
 
 from millstream.connectors.operator import KeyBatch, Operator
+from millstream.connectors.throttle import Throttle
 from millstream.errors import ConfigurationError
 from millstream.fault_points import fault_point
 from millstream.records import Production, Record, TimeDomain, Timer
@@ -131,6 +132,8 @@ class JoinOperator(Operator):
         registry: str,
         registry_url: str | None,
         retry: JoinRetry,
+        primary: str = "",
+        max_waiting: int | None = None,
     ) -> None:
         self.store = store
         self.lookup = lookup
@@ -140,7 +143,15 @@ class JoinOperator(Operator):
         self.registry = registry
         self.registry_url = registry_url
         self.retry = retry
+        self.primary = primary
+        self.max_waiting = max_waiting
         self.gated_streams = (output,)
+
+    def throttle(self) -> Throttle | None:
+        """Photon's bound on waiting clicks: the primary pauses above `max_waiting` a shard."""
+        if self.max_waiting is None or not self.primary:
+            return None
+        return Throttle((self.primary,), self.max_waiting, self.retry.give_up_ms)
 
     def user_objects(self) -> list[Any]:
         return [self.lookup, self.combine]
@@ -347,6 +358,10 @@ class JoinOperator(Operator):
             "registered": outcomes.count(Outcome.INSERTED),
             # Inserted before a crash, delivered only now: Photon's lost-output window, closed.
             "registered_before": outcomes.count(Outcome.OURS),
+            # The gate's cost: round trips per shard batch stay one however many clicks.
+            "registry_batches": 1,
+            "registry_round_trips": registry.round_trips,
+            "registry_commands": registry.commands,
         }
         if len(lost) < len(joined):
             fault_point("after_registry_insert")  # registered, not delivered yet

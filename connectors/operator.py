@@ -16,7 +16,9 @@ computation's operator at the points it names:
   closing in one batch cost one state decode and encode);
 - `before_commit(runner)`: once per shard batch, before the one guarded commit;
 - `before_delivery(plan, computation, shard, productions)`: on the driver, before committed
-  productions leave the application (a join's registry insert decides which may).
+  productions leave the application (a join's registry insert decides which may);
+- `throttle()`: read once by the runtime: which input streams to pause while a shard has too
+  much waiting work (`connectors/throttle.py`; a join's waiting clicks).
 
 Every effect goes through the `KeyRunner` into the shard's transaction, committed with the
 ids of the records that caused it, so exactly-once holds for every operator alike.
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from millstream.connectors.computation import Computation
     from millstream.connectors.key_runner import KeyRunner
     from millstream.connectors.plan import BatchPlan
+    from millstream.connectors.throttle import Throttle
 
 # A key's batch of records: each fresh record with its routed row (for dead letters).
 KeyBatch = Sequence[tuple[Record, tuple]]
@@ -81,6 +84,10 @@ class Operator:
         deliver, those to acknowledge without delivery (a join's lost registry race), and
         counters. By default every one is delivered."""
         return list(productions), [], {}
+
+    def throttle(self) -> Throttle | None:
+        """Input streams to pause while a shard has too many waiting events; None: never."""
+        return None
 
     def user_objects(self) -> list[Any]:
         """User-defined objects this operator calls (shipped to Spark's workers by value when

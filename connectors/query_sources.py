@@ -3,12 +3,15 @@ computations of other queries produce, as the `(format, options)` of each Spark 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from millstream.connectors.stage_plan import Stage
 from millstream.connectors.targets import Endpoints
 from millstream.connectors.topology import Topology
 from millstream.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def kafka_options(settings: Settings, endpoints: Endpoints) -> dict[str, str]:
@@ -42,6 +45,13 @@ def source_options(
     """Each source, in the order the query unions them: every injector of the `injected`
     streams (its instance named by `instance(source name)`: each query reads from its own
     positions), then the topic of each of `topic_inputs`."""
+    # A join's primary stream, paused while its joiner has too many waiting clicks.
+    throttled = {
+        s
+        for spec in topology.computations.values()
+        if (throttle := spec.operator.throttle()) is not None
+        for s in throttle.streams
+    }
     sources: list[tuple[str, dict[str, str]]] = []
     for stream in injected:
         for src in topology.sources[stream]:
@@ -59,6 +69,13 @@ def source_options(
                     "outageGraceMs": str(settings.outage_grace_ms),
                 }
             )
+            if stream in throttled and src.format == "millstream-kafka":
+                options["throttle"] = "true"
+            elif stream in throttled:
+                log.warning(
+                    "stream %s: a join's max_waiting cannot pause its %s source (only Kafka "
+                    "sources pause); its waiting clicks are not bounded", stream, src.format,
+                )  # fmt: skip
             sources.append((src.format, options))
     for stream in topic_inputs:
         start = next(
@@ -73,5 +90,6 @@ def source_options(
             "startingOffsets": start,
             "idHeader": "ms-id",
         }
+
         sources.append(("millstream-kafka", options))
     return sources

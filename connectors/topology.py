@@ -286,6 +286,7 @@ class Topology:
         registry_url: str | None = None,
         retry: Any = None,
         cache_ttl_s: int = 3600,
+        max_waiting: int | None = 10_000,
         **option_overrides: Any,
     ) -> Topology:
         """Photon's join (`connectors/join_operator.py`): each `primary` event (a click, its
@@ -297,6 +298,8 @@ class Topology:
         the click id is inserted in the IdRegistry `registry` (default: the join's name) at
         `registry_url` (default REDIS_URL): at most one joined output per click across every
         pipeline sharing it. Declares two computations: `<name>-store` and `<name>`.
+        While a joiner shard holds more than `max_waiting` waiting clicks, new clicks are not
+        read (the queries are) until retries bring it under (None: no bound).
         """
         from millstream.connectors.join_declaration import declare_join
 
@@ -304,7 +307,8 @@ class Topology:
             self, name, primary=primary, primary_id=primary_id, secondary=secondary,
             secondary_id=secondary_id, lookup=lookup, combine=combine, output=output,
             unjoined=unjoined, registry=registry or name, registry_url=registry_url,
-            retry=retry, cache_ttl_s=cache_ttl_s, options=option_overrides,
+            retry=retry, cache_ttl_s=cache_ttl_s, max_waiting=max_waiting,
+            options=option_overrides,
         )  # fmt: skip
         return self
 

@@ -36,6 +36,7 @@ OPTIONS: dict[str, str] = {
     "maxFutureMs": "a record timestamped further ahead of the clock is an error row (86400000)",
     "tickMs": "run a (possibly empty) batch at least this often (default 1000)",
     "readTimeoutMs": "fail a task that waits longer than this for its records (default 120000)",
+    "throttle": "true: admit nothing while the app's throttle pauses this stream (set by a join)",
 }
 
 # librdkafka settings the injector owns: offsets live in the Spark checkpoint, not in a group.
@@ -100,6 +101,7 @@ class KafkaInjectorOptions:
     max_future_ms: int = 86_400_000
     tick_ms: int = 1000
     read_timeout_ms: int = 120_000
+    throttle: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaInjectorOptions:
@@ -184,6 +186,11 @@ class KafkaInjectorOptions:
                     f"option redis.url={mask_url(redis_url)!r} is invalid: expected a URL like "
                     "redis://localhost:6379/0."
                 ) from None
+        throttle = raw.get("throttle", "false").strip().lower()
+        if throttle not in ("true", "false"):
+            raise ConfigurationError(f"option throttle={throttle!r} is invalid: true or false.")
+        if throttle == "true" and not redis_url:
+            raise ConfigurationError("option throttle=true needs redis.url (where the flag is).")
         app = raw.get("app", "millstream")
         if not _APP.match(app):
             raise ConfigurationError(
@@ -207,6 +214,7 @@ class KafkaInjectorOptions:
             max_future_ms=_int(raw, "maxFutureMs", 86_400_000, 0, 10 * 365 * 86_400_000),
             tick_ms=_int(raw, "tickMs", 1000, 1, 86_400_000),
             read_timeout_ms=_int(raw, "readTimeoutMs", 120_000, 100, 86_400_000),
+            throttle=throttle == "true",
         )
 
     def client_config(self, **overrides: Any) -> dict[str, Any]:

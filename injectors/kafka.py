@@ -45,6 +45,7 @@ from millstream.injectors._kafka_plan import OffsetPlanner
 from millstream.injectors._kafka_read import KafkaRange, read_range, read_range_rows
 from millstream.injectors.schema import INJECTED_SCHEMA
 from millstream.state.client import connect
+from millstream.state.throttle import paused
 from millstream.state.watermarks import Watermark, WatermarkAuthority
 
 __all__ = ["OPTIONS", "KafkaInjector", "KafkaRange", "KafkaStreamReader", "options_from_settings"]
@@ -118,10 +119,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planner: OffsetPlanner | None = None
         self._authority: WatermarkAuthority | None = None
         self._published: Watermark | None = None
+        self._throttle: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Only the options travel to executors; clients stay with the driver.
-        return {"_options": self._options, "_planner": None, "_authority": None, "_published": None}
+        return {"_options": self._options, "_planner": None, "_authority": None,
+                "_published": None, "_throttle": None}  # fmt: skip
 
     def _plan(self) -> OffsetPlanner:
         if self._planner is None:
@@ -149,6 +152,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # batch to the source only when it builds the next one: without this, the last batch
         # of an AvailableNow run would never publish its watermark.
         self._publish(begin.watermark)
+        if self._paused():
+            max_rows = 0  # a join's throttle: nothing new, the watermark held at the backlog
         try:
             end = self._plan().latest(begin, max_rows)
         except TransientError as exc:
@@ -171,6 +176,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, Any]) -> None:
         """The batch up to `end` is processed: publish the watermark stored in `end`."""
         self._publish(InjectorOffset.from_json(end).watermark)
+
+    def _paused(self) -> bool:
+        """A join's throttle pauses this stream (`connectors/throttle.py`). Unreadable flag:
+        not paused (the bound is a memory guard; stopping the input on a Redis blip would
+        stop the pipeline, which the batch's own Redis work will report anyway)."""
+        if not self._options.throttle or not self._options.redis_url:
+            return False
+        try:
+            if self._throttle is None:
+                self._throttle = connect(self._options.redis_url)
+            return paused(self._throttle, self._options.app, self._options.stream)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("injector %s: throttle flag unreadable (%s)", self._options.stream, exc)
+            return False
 
     def _publish(self, watermark: Watermark) -> None:
         """Raise the injector's watermark in Redis (the authority keeps it monotonic)."""

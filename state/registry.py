@@ -135,6 +135,10 @@ class IdRegistry:
         self.name = name
         self.layout = layout or RegistryLayout()
         self.retention_days = retention_days
+        # Counted so callers can show the cost is per batch, not per id: Redis round trips
+        # made, and the scripts they carried (one per registry bucket a batch touched).
+        self.round_trips = 0
+        self.commands = 0
 
     def bucket(self, id: str, event_ms: int) -> str:
         day = event_ms // DAY_MS
@@ -170,7 +174,10 @@ class IdRegistry:
                 args += [claims[i].id, claims[i].token]
             pipe.execute_command("EVAL", _INSERT, 1, key, *args)  # Cluster pipelines too
         answers: list[Answer | None] = [None] * len(claims)
-        for indexes, reply in zip(groups.values(), pipe.execute(), strict=True):
+        replies = pipe.execute()
+        self.round_trips += 1
+        self.commands += len(groups)
+        for indexes, reply in zip(groups.values(), replies, strict=True):
             for n, i in enumerate(indexes):
                 holder = reply[2 * n + 1]
                 answers[i] = Answer(

@@ -22,7 +22,7 @@ from typing import Any
 from millstream.bench._harness import DRIVER_READ_CHOICES, Bench, say, write_json
 from millstream.bench.targets import compute as compute_targets
 
-SCENARIOS = ("throughput", "latency", "watermarks", "dedup", "scaling", "steady")
+SCENARIOS = ("throughput", "latency", "watermarks", "dedup", "scaling", "steady", "join")
 NOTES = """
 How to read these figures (the module docstrings in `millstream/bench/` say exactly what is
 measured):

@@ -30,6 +30,13 @@ Targets (2-core machine, embedded Redis and broker, exactly-once and strong prod
 - throughput (exactly-once window count) >= 1.0x Quix Streams exactly-once (2x is the aim);
 - peak RSS lower than "today's" in the issue (`ISSUE_PEAK_RSS_MB`, measured on main before
   the work); the recorded queries runtime's figures per pipeline stand beside it.
+
+Issue #28's, from the `join` scenario (no baseline: the join came after the queries runtime):
+- click -> joined output visible p50 <= 2 s at 1,000 clicks/s with on-time queries;
+- joined throughput of one pipeline on pre-loaded clicks and queries >= 10,000 clicks/s (two
+  active-active reported beside it);
+- registry round trips per shard batch = 1 in both runs, whatever the clicks per batch;
+- no click output twice in the latency run.
 """
 
 from __future__ import annotations
@@ -557,7 +564,51 @@ def compute(results: Mapping[str, Any], failed: Collection[str] = ()) -> list[di
         *latency_targets(results.get("latency"), failed),
         *throughput_targets(results.get("throughput"), failed),
         rss_target(results, failed),
+        *join_targets(results.get("join"), failed),
     ]
+
+
+JOIN_RATE = 1000.0
+JOIN_P50_S = 2.0
+JOIN_THROUGHPUT = 10_000.0
+
+
+def join_targets(
+    run: Mapping[str, Any] | None, failed: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """Issue #28's: latency at 1,000 clicks/s, one pipeline's throughput, the gate's cost."""
+    names = (
+        ("click -> joined output p50 at 1,000 clicks/s", "s", "<=", JOIN_P50_S),
+        ("joined throughput, one pipeline", "clicks/s", ">=", JOIN_THROUGHPUT),
+        ("registry round trips per shard batch (most of any run)", "trips", "<=", 1.0),
+        ("clicks output twice (latency run)", "clicks", "<=", 0.0),
+    )
+    if run is None:
+        why = _why_absent("join", failed)
+        return [_absent(n, unit, cmp, goal, why) for n, unit, cmp, goal in names]
+    latency, throughput = run["latency"], run["throughput"]
+    one = next((t for t in throughput if t["pipelines"] == 1), None)
+    two = next((t for t in throughput if t["pipelines"] == 2), None)
+    runs = [latency, *throughput]
+    trips = [r["registry"]["round_trips_per_batch"] for r in runs]
+    sizes = [r["registry"]["clicks_per_batch"] for r in runs]
+    rate_note = "" if latency["rate"] == JOIN_RATE else f" (run at {latency['rate']:.0f}/s)"
+    return [
+        _entry(names[0][0], "s", "<=", JOIN_P50_S, latency["latency_s"]["p50"], None,
+               f"p95 {latency['latency_s']['p95']} s, p99 {latency['latency_s']['p99']} s over "
+               f"{latency['latency_s']['n']} on-time clicks{rate_note}; Photon's production "
+               "average is under 10 s."),
+        _entry(names[1][0], "clicks/s", ">=", JOIN_THROUGHPUT, one and one["clicks_per_s"],
+               None, f"{one and one['clicks']} pre-loaded clicks; two pipelines active-active: "
+               f"{two and two['clicks_per_s']} clicks/s between them, "
+               f"{two and two['counters']['lost_races']} lost races."),
+        _entry(names[2][0], "trips", "<=", 1.0,
+               max((t for t in trips if t is not None), default=None), None,
+               f"per run (latency, one pipeline, two): {trips} round trips per shard batch "
+               f"with {sizes} clicks per batch."),
+        _entry(names[3][0], "clicks", "<=", 0.0, latency["output_twice"], None,
+               "distinct production ids per click in the latency run's output."),
+    ]  # fmt: skip
 
 
 def table(entries: list[dict[str, Any]]) -> str:

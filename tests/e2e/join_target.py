@@ -1,7 +1,8 @@
 """A join run by `millstream run` (`tests.e2e.join_target:topology`, for tests/e2e/test_join.py).
 
 Clicks `{"click_id", "query_id"}` on JOIN_TARGET_CLICKS, queries `{"query_id", "text"}` on
-JOIN_TARGET_QUERIES (record ids in the `id` header); registry JOIN_TARGET_REGISTRY.
+JOIN_TARGET_QUERIES (record ids in the `id` header); registry JOIN_TARGET_REGISTRY; waiting
+clicks per shard bounded by JOIN_TARGET_MAX_WAITING (default: the join's default).
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ def combine(click: Any, query: bytes) -> dict[str, Any]:
     return {"click": body["click_id"], "query": q["query_id"], "text": q["text"]}
 
 
-def build(app: str, clicks: str, queries: str, registry: str) -> Topology:
+def build(app: str, clicks: str, queries: str, registry: str, max_waiting: int) -> Topology:
     topology = Topology(app)
     topology.source("clicks", kafka_source(clicks, id_header="id"), max_out_of_order_ms=1_000)
     topology.source("queries", kafka_source(queries, id_header="id"), max_out_of_order_ms=1_000)
     topology.join(
         "joiner", primary="clicks", primary_id=json_field("click_id"), secondary="queries",
         secondary_id=json_field("query_id"), lookup=json_field("query_id"), combine=combine,
-        output="joined", registry=registry, retry=RETRY, shards=2,
+        output="joined", registry=registry, retry=RETRY, shards=2, max_waiting=max_waiting,
     )  # fmt: skip
     return topology
 
@@ -39,4 +40,5 @@ def topology() -> Topology:
         env["JOIN_TARGET_CLICKS"],
         env["JOIN_TARGET_QUERIES"],
         env["JOIN_TARGET_REGISTRY"],
+        int(env.get("JOIN_TARGET_MAX_WAITING", "10000")),
     )

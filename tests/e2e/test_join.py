@@ -1,4 +1,4 @@
-"""Photon's join on the runtime (#28): the lost-output window, verify and recover.
+"""Photon's join on the runtime (#28): the lost-output window, verify and recover, throttling.
 
 Two pipelines active-active under a SIGKILL and a SIGSTOP, with late, missing and duplicate
 events, are the Photon demo's (`millstream demo --job photon`, run by tests/e2e/test_demo.py).
@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 
 from millstream.headers import HEADER_ID
 from millstream.state.client import connect
-from millstream.state.keys import ShardKeys
+from millstream.state.keys import ShardKeys, app_key
 from millstream.state.registry import IdRegistry
 from millstream.state.watermarks import now_ms
 from millstream.state.wire import decode_production
@@ -27,7 +27,7 @@ from tests.e2e.sink_faults import ROOT, pipeline_env
 
 pytestmark = pytest.mark.spark
 
-CLICKS, QUERIES = 240, 160
+MAX_WAITING, PER_BATCH = 25, 20  # waiting clicks per shard; records per source per batch
 
 
 def _join_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -61,14 +61,21 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
     lost after registration): verify names those clicks as orphans with their tokens.
     Restarted, the pipeline delivers the others under the same tokens (the registry answers
     "ours"); `join recover` releases the orphans and queues them again; in the end every click
-    is output once and verify says exactly once."""
+    is output once and verify says exactly once.
+
+    Then, on the same pipeline, throttling: clicks whose queries have not come pile up waiting
+    until a shard holds more than `max_waiting`; new clicks are then not read (sampled: never
+    more than the bound plus one batch waiting in a shard) while the queries still are; once
+    they come, retries join the waiting clicks, the throttle lets go, and every click is
+    output once."""
     app, registry = redis_namespace, f"reg-{redis_namespace}"
     clicks_topic, queries_topic = kafka_topic_factory(partitions=2), kafka_topic_factory(2)
     crashes = tmp_path / "crashes"
     env = pipeline_env(
         redis_url, kafka_bootstrap, app, tmp_path, JOIN_TARGET_CLICKS=clicks_topic,
         JOIN_TARGET_QUERIES=queries_topic, JOIN_TARGET_REGISTRY=registry,
-        MILLSTREAM_TEST_CRASH_FILE=str(crashes),
+        MILLSTREAM_TEST_CRASH_FILE=str(crashes), JOIN_TARGET_MAX_WAITING=str(MAX_WAITING),
+        MILLSTREAM_MAX_RECORDS_PER_BATCH=str(PER_BATCH),
     )  # fmt: skip
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
     now = now_ms()
@@ -139,5 +146,62 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
         assert metric(redis_client, app, "joiner", "lost_races") == 0
         final = _join_cli(env, "verify", "--apps", app, "--until-ms", until, "--json")
         assert final.returncode == 0 and json.loads(final.stdout)["exactly_once"], final.stdout
+
+        _throttled_clicks_wait_for_their_queries(
+            env, redis_client, app, kafka_bootstrap, producer, (clicks_topic, queries_topic),
+            pipeline, len(clicks),
+        )  # fmt: skip
     finally:
         pipeline.stop(30)
+
+
+def _throttled_clicks_wait_for_their_queries(
+    env: dict[str, str], client: Any, app: str, bootstrap: str, producer: Producer,
+    topics: tuple[str, str], pipeline: PipelineProcess, before: int,
+) -> None:  # fmt: skip
+    clicks_topic, queries_topic = topics
+    at = now_ms()
+    clicks = {f"t{i}": f"tq{i}" for i in range(300)}  # their queries come later
+    for click, q in clicks.items():
+        producer.produce(clicks_topic, value=json.dumps({"click_id": click, "query_id": q}),
+                         headers=[("id", click.encode())], timestamp=at)  # fmt: skip
+    assert producer.flush(10) == 0
+    shards = [ShardKeys(app, "joiner", s) for s in range(2)]
+    flag = app_key(app, "throttle")
+    worst = 0
+
+    def sample() -> bool:
+        nonlocal worst
+        worst = max([worst, *(int(client.zcard(k.timers("wall"))) for k in shards)])
+        return bool(client.hexists(flag, "clicks"))
+
+    pipeline.wait_for(sample, 60, "the throttle to pause the clicks")
+    read_at_pause = metric(client, app, "joiner", "records")
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:  # paused: the backlog of clicks stays unread
+        assert sample(), "the throttle let go although no query came"
+        time.sleep(0.1)
+    read = metric(client, app, "joiner", "records")
+    assert read - read_at_pause <= PER_BATCH, (read_at_pause, read)  # at most the one batch
+    assert read < before + len(clicks), "every click was read although the joiner was full"
+    for q in sorted(set(clicks.values())):
+        producer.produce(queries_topic, value=json.dumps({"query_id": q, "text": f"t{q}"}),
+                         headers=[("id", q.encode())], timestamp=at - 50)  # fmt: skip
+    assert producer.flush(10) == 0
+
+    def joined() -> bool:
+        sample()
+        out = {c for c, _, _ in _joined(bootstrap, f"{app}.joined").values()}
+        return set(clicks) <= out
+
+    pipeline.wait_for(joined, 120, "every throttled click joined")
+    assert worst > MAX_WAITING  # the bound was reached...
+    assert worst <= MAX_WAITING + PER_BATCH, worst  # ...and exceeded by one batch at most
+    assert metric(client, app, "joiner", "throttled") >= 1
+    assert float(client.hget(app_key(app, "metrics", "joiner"), "throttle_seconds") or 0) >= 2
+    assert not client.hexists(flag, "clicks")  # let go once under the bound
+    output = [c for c, _, _ in _joined(bootstrap, f"{app}.joined").values()]
+    assert sorted(c for c in output if c in clicks) == sorted(clicks)  # each click once
+    assert len(output) == before + len(clicks)
+    done = _join_cli(env, "verify", "--apps", app, "--until-ms", str(at + 1_000), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["exactly_once"], done.stdout

@@ -121,7 +121,7 @@ def test_one_entry_per_target_with_the_required_fields() -> None:
             "throughput": throughput(),
         }
     )
-    assert len(entries) == 8
+    assert len(entries) == 12
     for e in entries:
         assert {"name", "measured", "goal", "met", "detail", "baseline", "baseline_source"} <= (
             e.keys()
@@ -256,7 +256,7 @@ def test_peak_rss_is_judged_against_the_issues_figure_with_the_recorded_baseline
 
 def test_targets_of_scenarios_not_run_are_null_never_invented() -> None:
     entries = targets.compute({"dedup": {"rows": []}})
-    assert len(entries) == 8
+    assert len(entries) == 12
     for e in entries:
         assert e["measured"] is None and e["met"] is None
         assert e["detail"].startswith("not measured in this run")
@@ -601,3 +601,36 @@ def test_driver_read_ab_interleaves_a_read_off_throughput_variant(
     assert tp.READ_OFF in result["table"] and "driver read" in result["table"]
     entry = targets.throughput_targets(result)[0]
     assert entry["measured"] == 1.25 and entry["driver_read_off"] == 0.625
+
+
+def join_run(p50: float, rate: float, trips: tuple[float, float, float]) -> dict[str, Any]:
+    def gate(t: float, clicks: float) -> dict[str, float]:
+        return {"round_trips_per_batch": t, "clicks_per_batch": clicks, "scripts_per_batch": 4.0}
+
+    latency_s = {"n": 9000, "p50": p50, "p95": 2.5, "p99": 3.0, "max": 4.0}
+    return {
+        "latency": {"rate": rate, "latency_s": latency_s, "output_twice": 0,
+                    "registry": gate(trips[0], 80.0), "counters": {"lost_races": 0}},
+        "throughput": [
+            {"pipelines": n, "clicks": 100_000, "clicks_per_s": cps,
+             "registry": gate(t, 2500.0), "counters": {"lost_races": races}}
+            for n, cps, t, races in ((1, 12_000.0, trips[1], 0), (2, 9_000.0, trips[2], 41_000))
+        ],
+    }  # fmt: skip
+
+
+def test_the_join_targets_judge_latency_throughput_and_the_gates_round_trips() -> None:
+    entries = by_name(targets.compute({"join": join_run(0.9, 1000.0, (1.0, 1.0, 1.0))}))
+    p50 = entries["click -> joined output p50 at 1,000 clicks/s"]
+    assert (p50["measured"], p50["goal"], p50["met"]) == (0.9, 2.0, True)
+    one = entries["joined throughput, one pipeline"]
+    assert one["met"] is True and "9000.0 clicks/s between them, 41000 lost races" in one["detail"]
+    trips = entries["registry round trips per shard batch (most of any run)"]
+    assert trips["met"] is True and "[80.0, 2500.0, 2500.0] clicks per batch" in trips["detail"]
+    assert entries["clicks output twice (latency run)"]["met"] is True
+    # A second round trip in any run misses; a run at another rate says so.
+    missed = by_name(targets.compute({"join": join_run(2.5, 300.0, (1.0, 2.0, 1.0))}))
+    assert missed["registry round trips per shard batch (most of any run)"]["met"] is False
+    slow = missed["click -> joined output p50 at 1,000 clicks/s"]
+    assert slow["met"] is False and "(run at 300/s)" in slow["detail"]
+    assert "Missed by 0.5 s" in slow["detail"]

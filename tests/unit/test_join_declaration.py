@@ -15,6 +15,7 @@ from millstream import (
     kafka_source,
 )
 from millstream.connectors.join_operator import EventStoreOperator, JoinOperator
+from millstream.connectors.throttle import Throttle, decide
 from millstream.testing import TopologyTestDriver
 
 
@@ -61,6 +62,8 @@ def test_backoff_doubles_to_its_cap_with_deterministic_jitter() -> None:
         ({"registry": "a:b"}, "registry name"),
         ({"productions": "weak"}, "strong productions"),
         ({"cache_ttl_s": 0}, "cache_ttl_s"),
+        ({"max_waiting": 0}, "max_waiting must be an int >= 1"),
+        ({"max_waiting": "many"}, "max_waiting must be an int >= 1"),
     ],
 )
 def test_bad_declarations_are_refused_with_the_reason(overrides: dict, message: str) -> None:
@@ -82,3 +85,23 @@ def test_a_join_output_read_inside_the_application_is_refused() -> None:
 def test_the_topology_test_driver_says_it_does_not_run_joins() -> None:
     with pytest.raises(ConfigurationError, match="does not run joins yet"):
         TopologyTestDriver(_topology())
+
+
+def test_the_joiner_throttles_its_primary_by_waiting_clicks_unless_unbounded() -> None:
+    joiner = _topology(max_waiting=50, retry=JoinRetry(give_up_ms=9_000)).computations["joiner"]
+    assert joiner.operator.throttle() == Throttle(("clicks",), 50, 9_000)
+    default = _topology().computations["joiner"].operator.throttle()
+    assert default is not None and default.max_waiting == 10_000
+    assert _topology(max_waiting=None).computations["joiner"].operator.throttle() is None
+    assert _topology().computations["joiner-store"].operator.throttle() is None
+
+
+def test_the_throttle_pauses_above_the_bound_and_lets_a_batch_in_after_the_give_up_time() -> None:
+    throttle = Throttle(("clicks",), max_waiting=100, max_hold_ms=5_000)
+    assert decide(100, throttle, None, 0) == "idle"  # at the bound: no pause
+    assert decide(101, throttle, None, 0) == "engage"
+    assert decide(150, throttle, 1_000, 5_999) == "hold"
+    assert decide(100, throttle, 1_000, 2_000) == "release"
+    # Waiting clicks give up only as the watermark moves, which a pause holds: after the
+    # give-up time one batch gets in, then the throttle engages again if still over.
+    assert decide(150, throttle, 1_000, 6_000) == "breathe"
