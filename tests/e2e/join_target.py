@@ -2,7 +2,8 @@
 
 Clicks `{"click_id", "query_id"}` on JOIN_TARGET_CLICKS, queries `{"query_id", "text"}` on
 JOIN_TARGET_QUERIES (record ids in the `id` header); registry JOIN_TARGET_REGISTRY; waiting
-clicks per shard bounded by JOIN_TARGET_MAX_WAITING (default: the join's default).
+clicks per shard bounded by JOIN_TARGET_MAX_WAITING (default: the join's default); the
+registry at JOIN_TARGET_REGISTRY_URL (default REDIS_URL).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ def combine(click: Any, query: bytes) -> dict[str, Any]:
     return {"click": body["click_id"], "query": q["query_id"], "text": q["text"]}
 
 
-def build(app: str, clicks: str, queries: str, registry: str, max_waiting: int) -> Topology:
+def build(
+    app: str, clicks: str, queries: str, registry: str, max_waiting: int, registry_url: str | None
+) -> Topology:
     topology = Topology(app)
     topology.source("clicks", kafka_source(clicks, id_header="id"), max_out_of_order_ms=1_000)
     topology.source("queries", kafka_source(queries, id_header="id"), max_out_of_order_ms=1_000)
@@ -29,6 +32,7 @@ def build(app: str, clicks: str, queries: str, registry: str, max_waiting: int) 
         "joiner", primary="clicks", primary_id=json_field("click_id"), secondary="queries",
         secondary_id=json_field("query_id"), lookup=json_field("query_id"), combine=combine,
         output="joined", registry=registry, retry=RETRY, shards=2, max_waiting=max_waiting,
+        registry_url=registry_url,
     )  # fmt: skip
     return topology
 
@@ -41,4 +45,5 @@ def topology() -> Topology:
         env["JOIN_TARGET_QUERIES"],
         env["JOIN_TARGET_REGISTRY"],
         int(env.get("JOIN_TARGET_MAX_WAITING", "10000")),
+        env.get("JOIN_TARGET_REGISTRY_URL") or None,
     )

@@ -1,4 +1,5 @@
-"""Photon's join on the runtime (#28): the lost-output window, verify and recover, throttling.
+"""Photon's join on the runtime (#28): the lost-output window, verify and recover, the registry
+down and restarted on its append-only file, throttling.
 
 Two pipelines active-active under a SIGKILL and a SIGSTOP, with late, missing and duplicate
 events, are the Photon demo's (`millstream demo --job photon`, run by tests/e2e/test_demo.py).
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from millstream.embedded import RedisService, start_redis
 from millstream.headers import HEADER_ID
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys, app_key
@@ -28,6 +30,7 @@ from tests.e2e.sink_faults import ROOT, pipeline_env
 pytestmark = pytest.mark.spark
 
 MAX_WAITING, PER_BATCH = 25, 20  # waiting clicks per shard; records per source per batch
+REGISTRY_CLICKS = 60  # sent while the registry is down
 
 
 def _join_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -63,19 +66,24 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
     "ours"); `join recover` releases the orphans and queues them again; in the end every click
     is output once and verify says exactly once.
 
+    The registry lives in its own Redis (AOF, fsync always). It is SIGKILLed: joined clicks
+    stay checkpointed, none is output unregistered; restarted on its AOF, it still holds every
+    earlier entry under the same token, and the waiting outputs are delivered once.
+
     Then, on the same pipeline, throttling: clicks whose queries have not come pile up waiting
     until a shard holds more than `max_waiting`; new clicks are then not read (sampled: never
     more than the bound plus one batch waiting in a shard) while the queries still are; once
     they come, retries join the waiting clicks, the throttle lets go, and every click is
     output once."""
     app, registry = redis_namespace, f"reg-{redis_namespace}"
+    registry_redis = start_redis(tmp_path / "registry", appendonly=True)
     clicks_topic, queries_topic = kafka_topic_factory(partitions=2), kafka_topic_factory(2)
     crashes = tmp_path / "crashes"
     env = pipeline_env(
         redis_url, kafka_bootstrap, app, tmp_path, JOIN_TARGET_CLICKS=clicks_topic,
         JOIN_TARGET_QUERIES=queries_topic, JOIN_TARGET_REGISTRY=registry,
         MILLSTREAM_TEST_CRASH_FILE=str(crashes), JOIN_TARGET_MAX_WAITING=str(MAX_WAITING),
-        MILLSTREAM_MAX_RECORDS_PER_BATCH=str(PER_BATCH),
+        MILLSTREAM_MAX_RECORDS_PER_BATCH=str(PER_BATCH), JOIN_TARGET_REGISTRY_URL=registry_redis.url,
     )  # fmt: skip
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
     now = now_ms()
@@ -97,7 +105,7 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
         pipeline.start()
         assert pipeline.wait_exit(180) == -9, pipeline.log_tail()
         assert "CRASH after_registry_insert 1" in crashes.read_text()
-        reg = IdRegistry(connect(redis_url), registry)
+        reg = IdRegistry(connect(registry_redis.url), registry)
         held = [t for t in reg.holders([(c, now) for c in clicks]) if t is not None]
         assert held and all(t.startswith(f"{app}|joiner|") for t in held)
         before = {c for c, _, _ in _joined(kafka_bootstrap, f"{app}.joined").values()}
@@ -147,12 +155,17 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
         final = _join_cli(env, "verify", "--apps", app, "--until-ms", until, "--json")
         assert final.returncode == 0 and json.loads(final.stdout)["exactly_once"], final.stdout
 
+        _registry_down_then_restarted_on_its_aof(
+            redis_client, app, kafka_bootstrap, producer, (clicks_topic, queries_topic), pipeline,
+            (registry_redis, reg), {c: now for c in clicks},
+        )  # fmt: skip
         _throttled_clicks_wait_for_their_queries(
             env, redis_client, app, kafka_bootstrap, producer, (clicks_topic, queries_topic),
-            pipeline, len(clicks),
+            pipeline, len(clicks) + REGISTRY_CLICKS,
         )  # fmt: skip
     finally:
         pipeline.stop(30)
+        registry_redis.stop()
 
 
 def _throttled_clicks_wait_for_their_queries(
@@ -205,3 +218,41 @@ def _throttled_clicks_wait_for_their_queries(
     assert len(output) == before + len(clicks)
     done = _join_cli(env, "verify", "--apps", app, "--until-ms", str(at + 1_000), "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["exactly_once"], done.stdout
+
+
+def _registry_down_then_restarted_on_its_aof(
+    client: Any, app: str, bootstrap: str, producer: Producer, topics: tuple[str, str],
+    pipeline: PipelineProcess, registry: tuple[RedisService, IdRegistry], earlier: dict[str, int],
+) -> None:  # fmt: skip
+    server, reg = registry
+    held_before = reg.holders(list(earlier.items()))
+    assert all(held_before)
+    clicks_topic, queries_topic = topics
+    failures = metric(client, app, "joiner", "delivery_failures")
+    joined = metric(client, app, "joiner", "joined")
+    server.kill9()
+    at = now_ms()
+    clicks = {f"r{i}": f"rq{i}" for i in range(REGISTRY_CLICKS)}
+    for click, q in clicks.items():
+        producer.produce(queries_topic, value=json.dumps({"query_id": q, "text": f"t{q}"}),
+                         headers=[("id", q.encode())], timestamp=at - 50)  # fmt: skip
+        producer.produce(clicks_topic, value=json.dumps({"click_id": click, "query_id": q}),
+                         headers=[("id", click.encode())], timestamp=at)  # fmt: skip
+    assert producer.flush(10) == 0
+    # Joined and checkpointed, but nothing is output while the registry cannot be asked.
+    pipeline.wait_for(
+        lambda: metric(client, app, "joiner", "joined") >= joined + len(clicks)
+        and metric(client, app, "joiner", "delivery_failures") > failures + 2, 60,
+        "every click joined, and deliveries failing while the registry is down",
+    )  # fmt: skip
+    out = {c for c, _, _ in _joined(bootstrap, f"{app}.joined").values()}
+    assert not out & set(clicks), "a joined click was output without being registered"
+    server.restart()  # on its append-only file (fsync always)
+    assert reg.holders(list(earlier.items())) == held_before  # every entry, the same token
+    pipeline.wait_for(
+        lambda: set(clicks) <= {c for c, _, _ in _joined(bootstrap, f"{app}.joined").values()},
+        120, "the clicks joined while the registry was down to be output",
+    )  # fmt: skip
+    output = [c for c, _, _ in _joined(bootstrap, f"{app}.joined").values()]
+    assert sorted(c for c in output if c in clicks) == sorted(clicks)  # each once
+    assert all(t and t.startswith(f"{app}|joiner|") for t in reg.holders([(c, at) for c in clicks]))
