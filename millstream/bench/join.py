@@ -71,6 +71,8 @@ def _pipelines(bench: Bench, run: str, apps: list[str], give_up_ms: int) -> list
         {config["clicks_topic"]: PARTITIONS, config["queries_topic"]: PARTITIONS,
          **{f"{app}.joined": PARTITIONS for app in apps}},
     )  # fmt: skip
+    for app in apps:
+        (folder / app).mkdir()
     return [
         Process(
             [sys.executable, "-m", "millstream.demo.photon_worker", str(path), app],
