@@ -9,7 +9,7 @@ bench's environment, exactly-once on.
    50-300 ms before its click (on time). Click produced -> joined output visible to a
    read_committed consumer, p50/p95/p99, the first `WARM_S` excluded.
 2. Throughput: `clicks` clicks and their queries pre-loaded, then one pipeline started; joined
-   clicks per second from the joiner's first record to every click delivered (start-up
+   clicks per second from the joiner's first look-up to every click delivered (start-up
    excluded). Then the same with two pipelines active-active on fresh topics and registry:
    every click delivered once between them, the rest lost races.
 3. The registry gate's cost, from the joiner's own counters in each run: Redis round trips per
@@ -46,7 +46,7 @@ WARM_S = 5.0
 PARTITIONS = 4
 SHARDS = 4
 JOINER = "joiner"
-COUNTERS = ("records", "joined", "joined_on_retry", "retries", "lost_races", "registered",
+COUNTERS = ("lookups", "joined", "joined_on_retry", "retries", "lost_races", "registered",
             "delivered", "registry_batches", "registry_round_trips", "registry_commands")  # fmt: skip
 
 
@@ -174,9 +174,9 @@ def throughput_run(bench: Bench, clicks: int, pipelines: int) -> dict[str, Any]:
     for process in processes:
         process.__enter__()
     try:
-        first = processes[0].wait_for(
-            "the joiner's first record",
-            lambda: _counters(client, apps)["records"] > 0, 300,
+        first = processes[0].wait_for(  # a click looked up: the joiner is at work
+            "the joiner's first click",
+            lambda: _counters(client, apps)["lookups"] > 0, 300,
         )  # fmt: skip
         done = processes[0].wait_for(
             f"{clicks} joined clicks delivered",
