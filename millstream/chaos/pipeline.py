@@ -48,5 +48,9 @@ def build(config: dict[str, Any]) -> Topology:
         "route", Router(), inputs={"events": json_field("k")}, outputs=["items"], shards=shards
     )
     topology.computation("count", Counter(), inputs=["items"], outputs=["counted"], shards=shards)
-    topology.sink("counted", KafkaTransactionalSink(kafka, str(config["output_topic"])))
+    # A delivery stuck in librdkafka after a broker outage (send_offsets_to_transaction, see
+    # sinks/_shard_producer.py) is given up after this plus a grace: 10 s keeps such a stall
+    # (retried, exactly-once either way) from outlasting the faults around it.
+    sink = KafkaTransactionalSink(kafka, str(config["output_topic"]), delivery_timeout_s=10.0)
+    topology.sink("counted", sink)
     return topology
