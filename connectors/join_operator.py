@@ -310,9 +310,12 @@ class JoinOperator(Operator):
         runner.count("unjoined")
 
     def _forget(self, runner: KeyRunner, key: str) -> None:
-        if runner.states.get(key) is not None:
-            runner.txn.delete_state(key)
-            runner.states[key] = None
+        """A waiting click's state and timers go (`_wait` sets them together). A click joined
+        at its first look-up never had any: nothing to delete in the commit."""
+        if runner.states.get(key) is None:
+            return
+        runner.txn.delete_state(key)
+        runner.states[key] = None
         runner.txn.delete_timer(key, RETRY)
         runner.txn.delete_timer(key, GIVE_UP)
 
