@@ -1,16 +1,15 @@
-"""A three-stage chain for the fused runtime's crash tests (`tests.e2e.chain_target:topology`).
+"""A three-stage chain for the fused runtime's fault tests (`add_chain`).
 
 `count` (keyed by the input's `k`) counts each key's events and hands every event on to `relay`,
 which hands it on to `collector`; `collector` keeps, per key, the events it saw (a second
 arrival is recorded under "again"), so exactly-once is checked from its state. Everything runs
-in one fused query: both hand-overs happen inside each micro-batch. Configured by the
-environment: CHAIN_TARGET_TOPIC, MILLSTREAM_APP.
+in one fused query: both hand-overs happen inside each micro-batch. `tests/e2e/fused_target.py`
+adds the chain to a topology beside `tests/e2e/holds_target.py`'s windows.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
 
@@ -39,18 +38,17 @@ class Collector(Computation):
         ctx.set_state(state)
 
 
-def topology() -> Topology:
-    built = Topology(os.environ["MILLSTREAM_APP"])
-    built.source(
-        "input", kafka_source(os.environ["CHAIN_TARGET_TOPIC"], id_header="id"),
-        max_out_of_order_ms=10_000,
+def add_chain(topology: Topology, topic: str, collector: str = "collector") -> Topology:
+    """Source `input` (topic, ids in the `id` header) -> count -> relay -> `collector`."""
+    topology.source(
+        "input", kafka_source(topic, id_header="id"), max_out_of_order_ms=10_000
     )  # fmt: skip
     by_k = json_field("k")
-    built.computation(
+    topology.computation(
         "count", Count(), inputs={"input": by_k}, outputs=["counted"], shards=SHARDS
     )  # fmt: skip
-    built.computation(
+    topology.computation(
         "relay", Relay(), inputs={"counted": by_k}, outputs=["relayed"], shards=SHARDS
     )  # fmt: skip
-    built.computation("collector", Collector(), inputs={"relayed": by_k}, shards=SHARDS)
-    return built
+    topology.computation(collector, Collector(), inputs={"relayed": by_k}, shards=SHARDS)
+    return topology
