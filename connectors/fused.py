@@ -129,15 +129,7 @@ class FusedRunner:
         self.replays = ReplayIntake(
             self.client, topology.app, tuple(self.order), settings.max_records_per_batch
         )
-        self.throttles = Throttles(
-            self.client,
-            topology.app,
-            [
-                (stage, throttle)
-                for stage in self.stages.values()
-                if (throttle := stage.spec.operator.throttle()) is not None
-            ],
-        )
+        self.throttles = Throttles(self.client, topology.app, self.stages.values())
         self.query: Any = None
         self.last_batch: dict[str, Any] = {}
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,19 +56,25 @@ def decide(worst: int, throttle: Throttle, since: int | None, now: int) -> str:
 class Throttles:
     """The driver's throttles, one per throttled computation of the query (module doc)."""
 
-    def __init__(self, client: Any, app: str, stages: Sequence[tuple[Stage, Throttle]]) -> None:
+    def __init__(self, client: Any, app: str, stages: Iterable[Stage]) -> None:
         self.client = client
         self.app = app
-        self.stages = list(stages)
+        self.stages = [
+            (stage, throttle)
+            for stage in stages
+            if (throttle := stage.spec.operator.throttle()) is not None
+        ]
         self.since: dict[str, int] = {}
+        self.worst: dict[str, int] = {}  # the `waiting_max` last written, per computation
         if self.stages:
             # A run that stopped while paused left its flags: this run decides afresh.
             streams = [s for _, t in self.stages for s in t.streams]
             client.hdel(throttle_key(app), *streams)
 
     def check(self, now: int) -> None:
-        """After a batch, before Spark plans the next: count each throttled computation's waiting events per shard, and
-        pause or resume its primary streams."""
+        """After a batch, before Spark plans the next: count each throttled computation's
+        waiting events per shard, and pause or resume its primary streams. One round trip,
+        and a second only when something changed."""
         if not self.stages:
             return
         pipe = self.client.pipeline(transaction=False)
@@ -84,7 +90,9 @@ class Throttles:
             worst = max(waiting, default=0)
             since = self.since.get(stage.name)
             action = decide(worst, throttle, since, now)
-            writes.hset(stage.metrics_key, "waiting_max", worst)
+            if self.worst.get(stage.name) != worst:
+                self.worst[stage.name] = worst
+                writes.hset(stage.metrics_key, "waiting_max", worst)
             if action == "engage":
                 self.since[stage.name] = now
                 state = json.dumps({"since": now, "waiting": waiting, "max": throttle.max_waiting})
@@ -112,4 +120,5 @@ class Throttles:
                         "moves and waiting events can be given up",
                         stage.name, worst, throttle.max_hold_ms / 1000, ", ".join(throttle.streams),
                     )  # fmt: skip
-        writes.execute()
+        if len(writes):
+            writes.execute()
