@@ -6,7 +6,8 @@ mapped from an AppCDS archive (Java's class-data sharing, JDK 13+). Every `mills
 restart after a crash included, starts that much sooner.
 
 The archive is tied to one Java and one set of Spark jars; its file name is a key of both, so a
-new JDK or PySpark simply looks for (and `make setup` builds) another. A truncated archive
+new JDK or PySpark simply looks for (and `make setup` builds) another. The name also carries the
+PySpark install it serves, so two virtualenvs on one machine do not delete each other's. A truncated archive
 crashes the JVM that maps it (SIGBUS), so one is only ever used from its final name, which it
 gets by an atomic rename after the JVM that wrote it exited cleanly and a second JVM started
 with it (`-Xshare:on`: that start fails instead of ignoring an archive it cannot use).
@@ -65,9 +66,17 @@ def archive_key() -> str | None:
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
+def _install() -> str:
+    """A short digest of where PySpark is installed: two virtualenvs on one machine each keep
+    their own archive (a rebuild in one must not delete the other's)."""
+    import pyspark
+
+    return hashlib.sha256(str(Path(pyspark.__file__).parent).encode()).hexdigest()[:8]
+
+
 def archive_path() -> Path | None:
     key = archive_key()
-    return None if key is None else cache_dir() / f"spark-driver-{key}.jsa"
+    return None if key is None else cache_dir() / f"spark-driver-{_install()}-{key}.jsa"
 
 
 def java_options(enabled: bool = True) -> list[str]:
@@ -152,8 +161,10 @@ def build(force: bool = False) -> Path:
         temporary.replace(path)  # atomic: a start-up sees no archive or a whole one
     finally:
         temporary.unlink(missing_ok=True)
-    for stale in path.parent.glob("spark-driver-*.jsa"):
-        if stale != path:  # another Java or PySpark's: never used again
+    ours = path.parent.glob(f"spark-driver-{_install()}-*.jsa")
+    unnamed = path.parent.glob("spark-driver-" + "?" * 16 + ".jsa")  # before installs had names
+    for stale in [*ours, *unnamed]:
+        if stale != path:  # this install's previous Java or PySpark: never used again
             stale.unlink(missing_ok=True)
     return path
 

@@ -60,8 +60,11 @@ def test_a_checked_build_is_renamed_into_place_and_stale_archives_go(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache.mkdir(parents=True)
-    stale = cache / "spark-driver-0000000000000000.jsa"
+    install = jvm_archive.archive_path().name.split("-")[2]  # type: ignore[union-attr]
+    stale = cache / f"spark-driver-{install}-0000000000000000.jsa"
     stale.write_bytes(b"another java's")
+    other = cache / "spark-driver-00000000-0000000000000000.jsa"
+    other.write_bytes(b"another virtualenv's: still in use there")
 
     def run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         Path(argv[-1]).write_bytes(b"archive")
@@ -70,7 +73,7 @@ def test_a_checked_build_is_renamed_into_place_and_stale_archives_go(
     monkeypatch.setattr(jvm_archive.subprocess, "run", run)
     path = jvm_archive.build()
     assert path.read_bytes() == b"archive"
-    assert sorted(cache.iterdir()) == [path]
+    assert sorted(cache.iterdir()) == sorted([path, other])
 
 
 def test_the_setting_is_auto_or_off() -> None:
