@@ -122,6 +122,14 @@ def spark_kafka(spark: Any) -> Any:
     return spark
 
 
+def test_registration_finds_sparks_static_source_registry(spark: Any) -> None:
+    """`register` spares each start Spark's scan for `pyspark_*` packages (2.5 s here) through
+    a Spark-internal registry; a PySpark that moved it would quietly bring the scan back."""
+    from millstream.injectors import _skip_static_source_lookup
+
+    assert _skip_static_source_lookup(spark)
+
+
 @pytest.fixture
 def runner(spark_kafka: Any, tmp_checkpoint: str) -> Runner:
     return Runner(spark_kafka, tmp_checkpoint)
