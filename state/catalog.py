@@ -1,14 +1,17 @@
 """The catalog of applied record ids: dedup verdicts, catalog writes, bucket garbage collection.
 
-Per shard, one hash per system-time bucket maps every applied record id to the position it was
-delivered from, and a sorted set indexes the live buckets. Ids enter the catalog in the same
-lease-guarded commit as their effects (`queue_writes`, called by `ShardTransaction`), so a later
-delivery of an id finds it: a duplicate the source sent (another position) or a replay of the
-same delivery (a batch re-run after a failure). Time-bucketed Bloom filters, soft state in
-worker memory, answer "certainly new" for almost every id; only "maybe" answers read the
-catalog, in one pipelined round trip per batch. A bucket is dropped whole, with its filter,
-once the garbage-collection watermark has passed it; a record older than that watermark is a
-known duplicate (a network remnant).
+Per shard and system-time bucket, every applied record id is kept as a 16-byte packed entry (a
+fingerprint of the id and a hash of the position it was delivered from, `catalog_entries.py`),
+appended to one of 64 strings chosen by the fingerprint; a sorted set indexes the live buckets.
+Ids enter the catalog in the same lease-guarded commit as their effects (`queue_writes`, called
+by `ShardTransaction`), so a later delivery of an id finds it: a duplicate the source sent
+(another position) or a replay of the same delivery (a batch re-run after a failure).
+Time-bucketed Bloom filters over the fingerprints, soft state in worker memory, answer
+"certainly new" for almost every id; only "maybe" answers read the catalog, the groups they fall
+in, in one pipelined round trip per batch. A bucket is dropped whole, with its filter, once the
+garbage-collection watermark has passed it; a record older than that watermark is a known
+duplicate (a network remnant). Buckets an older version wrote as hashes id -> position
+(`ShardKeys.catalog`) are still read until garbage collection drops them.
 """
 
 from __future__ import annotations
@@ -18,9 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from redis.typing import EncodableT, FieldT
-
-from millstream.state import _codec
+from millstream.state import catalog_entries as ce
 from millstream.state.bloom import BucketedBloom
 from millstream.state.client import RedisClient, RedisPipeline
 from millstream.state.keys import ShardKeys
@@ -56,6 +57,7 @@ class Catalog:
         self.keys = keys
         self.bucket_ms = bucket_ms
         self.live_buckets: list[int] = []
+        self.legacy_buckets: set[int] = set()  # live buckets with an older version's hash
         self.stats = DedupStats()
         self.round_trips = 0
 
@@ -68,7 +70,8 @@ class Catalog:
 
     def set_live_buckets(self, reply: list[tuple[Any, float]]) -> None:
         """Take the reply to `queue_live_buckets`."""
-        self.live_buckets = sorted(int(score) for _, score in reply)
+        self.live_buckets = sorted({int(score) for _, score in reply})
+        self.legacy_buckets = {int(s) for m, s in reply if not _text(m).startswith(PACKED)}
 
     def prune(self, bloom: BucketedBloom) -> None:
         """Drop the filters of buckets that are no longer live (garbage-collected by any owner)."""
@@ -77,17 +80,26 @@ class Catalog:
             del bloom.filters[bucket]
 
     def load(self, bloom: BucketedBloom) -> None:
-        """Add every id of every live bucket to `bloom`: one round trip, if any bucket is live.
+        """Add every fingerprint of every live bucket to `bloom`: one round trip, if any bucket
+        is live.
 
         For a filter built from nothing (a process start, or a commit log trimmed past it).
         """
         if not self.live_buckets:
             return
         pipe = self.client.pipeline(transaction=False)
-        for bucket in self.live_buckets:
+        for key in (k for bucket in self.live_buckets for k in group_keys(self.keys, bucket)):
+            pipe.get(key)  # not MGET: a Cluster pipeline refuses it
+        legacy = sorted(self.legacy_buckets)
+        for bucket in legacy:
             pipe.hkeys(self.keys.catalog(bucket))
-        for bucket, members in zip(self.live_buckets, pipe.execute(), strict=True):
-            bloom.add((bucket, m) for m in members)
+        replies = pipe.execute()
+        for at, bucket in enumerate(self.live_buckets):
+            blobs = replies[at * ce.GROUPS : (at + 1) * ce.GROUPS]
+            bloom.add((bucket, fp) for blob in blobs if blob for fp in ce.fingerprints_in(blob))
+        packed = len(self.live_buckets) * ce.GROUPS
+        for bucket, ids in zip(legacy, replies[packed:], strict=True):
+            bloom.add((bucket, ce.fingerprint(rid)[0]) for rid in ids)
         self.round_trips += 1
 
     # --- verdicts -----------------------------------------------------------------------------
@@ -119,12 +131,12 @@ class Catalog:
             else:
                 seen[rid] = position
                 candidates.append(index)
-        ids = [records[i][0] for i in candidates]
+        prints = {i: ce.fingerprint(records[i][0]) for i in candidates}
         if bloom is not None:
-            maybe = bloom.maybe_in_any(ids)
+            maybe = bloom.maybe_in_any([prints[i][0] for i in candidates])
         else:  # no filters: every live bucket must be asked
             live = sorted(set(self.live_buckets) | {self.bucket_of(r[1]) for r in records})
-            maybe = [list(live) for _ in ids]
+            maybe = [list(live) for _ in candidates]
         stats = self.stats
         stats.checked += len(records)
         stats.lookups_avoided += sum(1 for buckets in maybe if not buckets)
@@ -133,26 +145,50 @@ class Catalog:
             for bucket in buckets:
                 by_bucket.setdefault(bucket, []).append(index)
         if by_bucket:
-            pipe = self.client.pipeline(transaction=False)
-            order = list(by_bucket.items())
-            for bucket, indexes in order:
-                pipe.hmget(self.keys.catalog(bucket), [records[i][0] for i in indexes])
-            self.round_trips += 1
-            found: dict[int, bytes] = {}
-            for (_, indexes), positions in zip(order, pipe.execute(), strict=True):
-                for index, position in zip(indexes, positions, strict=True):
-                    if position is not None:
-                        found[index] = position
+            found = self._look_up(records, prints, by_bucket)
             read = {i for indexes in by_bucket.values() for i in indexes}
             stats.catalog_reads += len(read)
             stats.false_positives += len(read - set(found))
-            for index, position in found.items():
-                same = position == records[index][2]
+            for index, same in found.items():
                 verdicts[index] = Verdict.REPLAY if same else Verdict.DUPLICATE
         stats.duplicates += sum(v is Verdict.DUPLICATE for v in verdicts)
         stats.replays += sum(v is Verdict.REPLAY for v in verdicts)
         stats.remnants += sum(v is Verdict.REMNANT for v in verdicts)
         return verdicts
+
+    def _look_up(
+        self,
+        records: Sequence[tuple[bytes, int, bytes]],
+        prints: dict[int, tuple[bytes, int]],
+        by_bucket: dict[int, list[int]],
+    ) -> dict[int, bool]:
+        """Record index -> whether it was applied from the same position, for the records
+        found in the buckets `by_bucket` names: one round trip, the groups concerned only."""
+        pipe = self.client.pipeline(transaction=False)
+        wanted = [
+            (b, g) for b, indexes in by_bucket.items() for g in {prints[i][1] for i in indexes}
+        ]
+        for bucket, group in wanted:
+            pipe.get(self.keys.catalog_group(bucket, group))  # not MGET: Cluster refuses it
+        legacy = [(b, indexes) for b, indexes in by_bucket.items() if b in self.legacy_buckets]
+        for bucket, indexes in legacy:
+            pipe.hmget(self.keys.catalog(bucket), [records[i][0] for i in indexes])
+        replies = pipe.execute()
+        self.round_trips += 1
+        blobs = dict(zip(wanted, replies, strict=False))
+        found: dict[int, bool] = {}
+        for bucket, indexes in by_bucket.items():
+            for index in indexes:
+                fp, group = prints[index]
+                blob = blobs[(bucket, group)]
+                hashed = ce.find(blob, fp) if blob else None
+                if hashed is not None:
+                    found[index] = hashed == ce.position_hash(records[index][2])
+        for (_, indexes), positions in zip(legacy, replies[len(wanted) :], strict=True):
+            for index, position in zip(indexes, positions, strict=True):
+                if position is not None:
+                    found[index] = position == records[index][2]
+        return found
 
     # --- garbage collection -------------------------------------------------------------------
     def gc_buckets(self, gc_watermark: int) -> list[int]:
@@ -161,30 +197,37 @@ class Catalog:
 
 
 # --- writes, queued in the shard's commit --------------------------------------------------
+PACKED = "p"  # the live-bucket index's member prefix for a bucket of packed entries
+
+
+def group_keys(keys: ShardKeys, bucket: int) -> list[str]:
+    """Every string a bucket's packed entries may be in."""
+    return [keys.catalog_group(bucket, g) for g in range(ce.GROUPS)]
+
+
 def queue_writes(
     pipe: RedisPipeline,
     keys: ShardKeys,
-    ids: Sequence[tuple[int, bytes, bytes]],
+    entries: Sequence[ce.Entry],
     drop_buckets: Sequence[int],
 ) -> None:
-    """Queue (bucket, id, position) entries and the whole buckets to drop in a MULTI."""
-    by_bucket: dict[int, dict[FieldT, EncodableT]] = {}
-    for bucket, rid, position in ids:
-        by_bucket.setdefault(bucket, {})[rid] = position
-    for bucket, entries in by_bucket.items():
-        pipe.hset(keys.catalog(bucket), mapping=entries)
+    """Queue the entries' APPENDs and the whole buckets to drop in a MULTI.
+
+    APPEND grows a string without reading it (Redis keeps up to twice its length allocated,
+    which the bytes per id measured include); a bucket is one DEL of all its keys.
+    """
+    by_bucket: dict[int, list[ce.Entry]] = {}
+    for entry in entries:
+        by_bucket.setdefault(entry.bucket, []).append(entry)
+    for bucket, bucket_entries in by_bucket.items():
+        for group, blob in ce.group_blobs(bucket_entries).items():
+            pipe.append(keys.catalog_group(bucket, group), blob)
     if by_bucket:
-        pipe.zadd(keys.buckets, {str(b): b for b in by_bucket})
+        pipe.zadd(keys.buckets, {f"{PACKED}{b}": b for b in by_bucket})
     if drop_buckets:
-        pipe.delete(*[keys.catalog(b) for b in drop_buckets])
-        pipe.zrem(keys.buckets, *[str(b) for b in drop_buckets])
+        pipe.delete(*[k for b in drop_buckets for k in [keys.catalog(b), *group_keys(keys, b)]])
+        pipe.zrem(keys.buckets, *[m for b in drop_buckets for m in (str(b), f"{PACKED}{b}")])
 
 
-def pack_ids(ids: Sequence[tuple[int, bytes, bytes]]) -> bytes:
-    """The (bucket, id) pairs of a commit, for its commit-log entry (other workers' filters)."""
-    return _codec.pack([b.to_bytes(8, "big", signed=True) + rid for b, rid, _ in ids])
-
-
-def unpack_ids(blob: bytes) -> list[tuple[int, bytes]]:
-    """The (bucket, id) pairs `pack_ids` packed."""
-    return [(int.from_bytes(x[:8], "big", signed=True), x[8:]) for x in _codec.unpack(blob)]
+def _text(member: bytes | str) -> str:
+    return member.decode() if isinstance(member, bytes) else member

@@ -42,11 +42,18 @@ class ShardKeys:
         return f"{self.tag}:timers:hold"
 
     def catalog(self, bucket: int) -> str:
+        """A bucket's record id -> position, as versions before packed entries kept it:
+        still read (and dropped by GC) where an upgraded application has one."""
         return f"{self.tag}:cat:{bucket}"
+
+    def catalog_group(self, bucket: int, group: int) -> str:
+        """A string of packed catalog entries (`catalog_entries.py`): one of a bucket's groups."""
+        return f"{self.tag}:catp:{bucket}:{group}"
 
     @property
     def buckets(self) -> str:
-        """Sorted set of live catalog buckets, for garbage collection of whole buckets."""
+        """Sorted set of live catalog buckets (score: the bucket; member "p<bucket>" for packed
+        entries, "<bucket>" for a legacy hash), for garbage collection of whole buckets."""
         return f"{self.tag}:buckets"
 
     @property
