@@ -1,8 +1,9 @@
 """The catalog of applied record ids: dedup verdicts, catalog writes, bucket garbage collection.
 
 Per shard and system-time bucket, every applied record id is kept as a 16-byte packed entry (a
-fingerprint of the id and a hash of the position it was delivered from, `catalog_entries.py`),
-appended to one of 64 strings chosen by the fingerprint; a sorted set indexes the live buckets.
+fingerprint of the id and a hash of the position it was delivered from, `catalog_entries.py`) in
+one of 64 groups chosen by the id's hash: a field of the bucket's hash while the group is
+small, its own string (appended to) once it grew; a sorted set indexes the live buckets.
 Ids enter the catalog in the same lease-guarded commit as their effects (`queue_writes`, called
 by `ShardTransaction`), so a later delivery of an id finds it: a duplicate the source sent
 (another position) or a replay of the same delivery (a batch re-run after a failure).
@@ -88,17 +89,17 @@ class Catalog:
         if not self.live_buckets:
             return
         pipe = self.client.pipeline(transaction=False)
-        for key in (k for bucket in self.live_buckets for k in group_keys(self.keys, bucket)):
-            pipe.get(key)  # not MGET: a Cluster pipeline refuses it
+        for bucket in self.live_buckets:
+            _queue_bucket_read(pipe, self.keys, bucket)
         legacy = sorted(self.legacy_buckets)
         for bucket in legacy:
             pipe.hkeys(self.keys.catalog(bucket))
         replies = pipe.execute()
+        step = 1 + ce.GROUPS
         for at, bucket in enumerate(self.live_buckets):
-            blobs = replies[at * ce.GROUPS : (at + 1) * ce.GROUPS]
-            bloom.add((bucket, fp) for blob in blobs if blob for fp in ce.fingerprints_in(blob))
-        packed = len(self.live_buckets) * ce.GROUPS
-        for bucket, ids in zip(legacy, replies[packed:], strict=True):
+            blobs = _bucket_blobs(replies[at * step : (at + 1) * step])
+            bloom.add((bucket, fp) for blob in blobs for fp in ce.fingerprints_in(blob))
+        for bucket, ids in zip(legacy, replies[len(self.live_buckets) * step :], strict=True):
             bloom.add((bucket, ce.fingerprint(rid)[0]) for rid in ids)
         self.round_trips += 1
 
@@ -168,14 +169,17 @@ class Catalog:
         wanted = [
             (b, g) for b, indexes in by_bucket.items() for g in {prints[i][1] for i in indexes}
         ]
-        for bucket, group in wanted:
-            pipe.get(self.keys.catalog_group(bucket, group))  # not MGET: Cluster refuses it
+        for bucket, group in wanted:  # in the hash of small groups, or in a string
+            pipe.hget(self.keys.catalog_groups(bucket), str(group))
+            pipe.get(self.keys.catalog_group(bucket, group))
         legacy = [(b, indexes) for b, indexes in by_bucket.items() if b in self.legacy_buckets]
         for bucket, indexes in legacy:
             pipe.hmget(self.keys.catalog(bucket), [records[i][0] for i in indexes])
         replies = pipe.execute()
         self.round_trips += 1
-        blobs = dict(zip(wanted, replies, strict=False))
+        blobs = {
+            w: (replies[2 * i] or b"") + (replies[2 * i + 1] or b"") for i, w in enumerate(wanted)
+        }
         found: dict[int, bool] = {}
         for bucket, indexes in by_bucket.items():
             for index in indexes:
@@ -184,7 +188,7 @@ class Catalog:
                 hashed = ce.find(blob, fp) if blob else None
                 if hashed is not None:
                     found[index] = hashed == ce.position_hash(records[index][2])
-        for (_, indexes), positions in zip(legacy, replies[len(wanted) :], strict=True):
+        for (_, indexes), positions in zip(legacy, replies[2 * len(wanted) :], strict=True):
             for index, position in zip(indexes, positions, strict=True):
                 if position is not None:
                     found[index] = position == records[index][2]
@@ -199,10 +203,55 @@ class Catalog:
 # --- writes, queued in the shard's commit --------------------------------------------------
 PACKED = "p"  # the live-bucket index's member prefix for a bucket of packed entries
 
+# Appends entries to a bucket's groups. KEYS[1]: the hash of small groups; KEYS[i + 1]: group
+# i's string; ARGV[1]: the size at which a group moves to its string; ARGV[i + 1]: group i's
+# field; ARGV[n + i + 1]: its entries. A small group is rewritten at its exact size in the hash
+# (little per group: a slow application's buckets stay tight); a large one is appended to,
+# never read: APPEND costs what it adds, though Redis then keeps up to twice a string's
+# length allocated. EVAL, not EVALSHA: a script cache that a Redis restart emptied cannot fail
+# a commit's EXEC.
+APPEND_SCRIPT = """
+local n, limit = #KEYS - 1, tonumber(ARGV[1])
+for i = 1, n do
+  local key, field, add = KEYS[i + 1], ARGV[i + 1], ARGV[n + i + 1]
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('APPEND', key, add)
+  else
+    local small = redis.call('HGET', KEYS[1], field) or ''
+    if #small + #add < limit then
+      redis.call('HSET', KEYS[1], field, small .. add)
+    else
+      redis.call('SET', key, small .. add)
+      redis.call('HDEL', KEYS[1], field)
+    end
+  end
+end
+return n
+"""
+MOVE_AT = 4096  # bytes (256 entries) at which a group moves from the hash to its own string
 
-def group_keys(keys: ShardKeys, bucket: int) -> list[str]:
-    """Every string a bucket's packed entries may be in."""
-    return [keys.catalog_group(bucket, g) for g in range(ce.GROUPS)]
+
+def bucket_keys(keys: ShardKeys, bucket: int) -> list[str]:
+    """Every key a bucket's catalog may have: an older version's hash, then the packed ones."""
+    strings = [keys.catalog_group(bucket, g) for g in range(ce.GROUPS)]
+    return [keys.catalog(bucket), keys.catalog_groups(bucket), *strings]
+
+
+def _queue_bucket_read(pipe: RedisPipeline, keys: ShardKeys, bucket: int) -> None:
+    pipe.hvals(keys.catalog_groups(bucket))
+    for group in range(ce.GROUPS):
+        pipe.get(keys.catalog_group(bucket, group))  # not MGET: a Cluster pipeline refuses it
+
+
+def _bucket_blobs(replies: list[Any]) -> list[bytes]:
+    return [blob for blob in [*replies[0], *replies[1:]] if blob]
+
+
+def read_bucket(client: RedisClient, keys: ShardKeys, bucket: int) -> list[bytes]:
+    """The group blobs of a bucket's packed entries (tools, tests): one round trip."""
+    pipe = client.pipeline(transaction=False)
+    _queue_bucket_read(pipe, keys, bucket)
+    return _bucket_blobs(pipe.execute())
 
 
 def queue_writes(
@@ -211,21 +260,23 @@ def queue_writes(
     entries: Sequence[ce.Entry],
     drop_buckets: Sequence[int],
 ) -> None:
-    """Queue the entries' APPENDs and the whole buckets to drop in a MULTI.
-
-    APPEND grows a string without reading it (Redis keeps up to twice its length allocated,
-    which the bytes per id measured include); a bucket is one DEL of all its keys.
-    """
+    """Queue the entries' appends (an EVAL per bucket) and the whole buckets to drop in a
+    MULTI; a bucket is one DEL of all its keys."""
     by_bucket: dict[int, list[ce.Entry]] = {}
     for entry in entries:
         by_bucket.setdefault(entry.bucket, []).append(entry)
     for bucket, bucket_entries in by_bucket.items():
-        for group, blob in ce.group_blobs(bucket_entries).items():
-            pipe.append(keys.catalog_group(bucket, group), blob)
+        blobs = ce.group_blobs(bucket_entries)
+        strings = [keys.catalog_group(bucket, g) for g in blobs]
+        # execute_command: a Cluster pipeline refuses its eval() method, not the command
+        pipe.execute_command(
+            "EVAL", APPEND_SCRIPT, 1 + len(blobs), keys.catalog_groups(bucket), *strings,
+            MOVE_AT, *[str(g) for g in blobs], *blobs.values(),
+        )  # fmt: skip
     if by_bucket:
         pipe.zadd(keys.buckets, {f"{PACKED}{b}": b for b in by_bucket})
     if drop_buckets:
-        pipe.delete(*[k for b in drop_buckets for k in [keys.catalog(b), *group_keys(keys, b)]])
+        pipe.delete(*[k for b in drop_buckets for k in bucket_keys(keys, b)])
         pipe.zrem(keys.buckets, *[m for b in drop_buckets for m in (str(b), f"{PACKED}{b}")])
 
 

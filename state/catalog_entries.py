@@ -5,9 +5,9 @@ bucket; kept as a Redis hash field id -> delivery position that cost ~117 bytes 
 is instead a 96-bit fingerprint of the id (the first 12 bytes of its mmh3 x64 128-bit hash) and a
 32-bit hash of the position it was delivered from. The fingerprint says "applied before" (a
 wrong yes would drop a new record, so it is long: see README, "What retention costs"); the
-position hash only tells a replay from a duplicate, both of which are dropped. Entries are
-appended to one of `GROUPS` strings per bucket, chosen by other bits of the same hash, so a look-up
-reads 1/64 of a bucket and a commit appends without reading.
+position hash only tells a replay from a duplicate, both of which are dropped. Entries go to
+one of `GROUPS` groups per bucket, chosen by other bits of the same hash, so a look-up reads
+1/64 of a bucket (where a group is kept: `catalog.py`).
 """
 
 from __future__ import annotations

@@ -46,8 +46,12 @@ class ShardKeys:
         still read (and dropped by GC) where an upgraded application has one."""
         return f"{self.tag}:cat:{bucket}"
 
+    def catalog_groups(self, bucket: int) -> str:
+        """Hash group -> packed catalog entries (`catalog_entries.py`), for a bucket's groups
+        still small; a group that grew moves to its own string, `catalog_group`."""
+        return f"{self.tag}:catp:{bucket}"
+
     def catalog_group(self, bucket: int, group: int) -> str:
-        """A string of packed catalog entries (`catalog_entries.py`): one of a bucket's groups."""
         return f"{self.tag}:catp:{bucket}:{group}"
 
     @property

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from millstream.state import _codec
-from millstream.state.catalog import Verdict, group_keys
+from millstream.state import _codec, catalog
+from millstream.state.catalog import Verdict, bucket_keys, read_bucket
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
 
@@ -80,7 +80,7 @@ def test_id_in_two_buckets_and_gc(store_client: Any, redis_namespace: str) -> No
     txn = store.begin()
     txn.drop_buckets([old])
     store.commit(txn)
-    assert not any(store_client.exists(k) for k in group_keys(keys, old))
+    assert not store_client.exists(*bucket_keys(keys, old))
     store = _store(store_client, keys, SoftStateCache())
     assert store.catalog.live_buckets == [store.bucket_of(late)]
     assert store.dedup([(b"c", late, b"p4"), (b"b", late, b"p2")], late) == [R, N]
@@ -99,6 +99,35 @@ def test_lookup_is_one_round_trip_whatever_the_number_of_ids(
         assert store.dedup(ids[:n], T0) == [R] * n
         assert store.round_trips - before == 1
         assert store.dedup_stats.catalog_reads == n
+
+
+def test_groups_that_grow_move_to_strings(
+    store_client: Any, redis_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group outgrowing the hash of small groups moves to its own string, appended to from
+    then on; verdicts, `load` and GC see both."""
+    monkeypatch.setattr(catalog, "MOVE_AT", 24 * 16)  # ~1500 / 64 entries: some groups move
+    keys = ShardKeys(redis_namespace, "c", 5)
+    cache = SoftStateCache()
+    ids = [(f"r{i}".encode(), T0, f"p{i}".encode()) for i in range(1500)]
+    for start in range(0, 1500, 300):
+        _commit(_store(store_client, keys, cache), ids[start : start + 300])
+    bucket = T0 // BUCKET_MS
+    small = store_client.hlen(keys.catalog_groups(bucket))
+    moved = sum(store_client.exists(keys.catalog_group(bucket, g)) for g in range(64))
+    assert small + moved == 64 and moved > 0 and small > 0, (small, moved)
+    assert sum(len(b) for b in read_bucket(store_client, keys, bucket)) == 1500 * 16
+    for bloom in (True, False):
+        store = _store(store_client, keys, SoftStateCache(), bloom)
+        assert store.dedup([*ids, (b"r7", T0, b"elsewhere"), (b"x", T0, b"p")], T0) == [
+            *[R] * 1500,
+            D,
+            N,
+        ]
+    txn = store.begin()
+    txn.drop_buckets([bucket])
+    store.commit(txn)
+    assert not store_client.exists(*bucket_keys(keys, bucket))
 
 
 @pytest.mark.parametrize("bloom", [True, False])
@@ -123,7 +152,7 @@ def test_legacy_hash_bucket_still_answers_until_gc(
     txn = store.begin()
     txn.drop_buckets(store.gc_buckets(T0 + BUCKET_MS))
     store.commit(txn)
-    assert not store_client.exists(keys.catalog(bucket), *group_keys(keys, bucket))
+    assert not store_client.exists(*bucket_keys(keys, bucket))
     assert store_client.zcard(keys.buckets) == 0
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from millstream.errors import FencedError
 from millstream.records import Production, TimeDomain
-from millstream.state.catalog import Verdict, group_keys
+from millstream.state.catalog import Verdict, bucket_keys, read_bucket
 from millstream.state.catalog_entries import fingerprint, fingerprints_in
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, oldest_work
@@ -26,8 +26,7 @@ def _store(client: Any, keys: ShardKeys, cache: SoftStateCache | None = None) ->
 
 def _cataloged(client: Any, keys: ShardKeys, bucket: int) -> set[bytes]:
     """The fingerprints in a bucket's packed catalog entries."""
-    blobs = [client.get(k) for k in group_keys(keys, bucket)]
-    return {fp for blob in blobs if blob for fp in fingerprints_in(blob)}
+    return {fp for blob in read_bucket(client, keys, bucket) for fp in fingerprints_in(blob)}
 
 
 def _prod(pid: bytes, ts: int = T0) -> Production:
@@ -179,7 +178,7 @@ def test_gc_drops_whole_buckets(store_client: Any, redis_namespace: str) -> None
     txn = store.begin()
     txn.drop_buckets([old_bucket])
     store.commit(txn)
-    assert not any(store_client.exists(k) for k in group_keys(keys, old_bucket))
+    assert not store_client.exists(*bucket_keys(keys, old_bucket))
     assert store_client.zrange(keys.buckets, 0, -1) == [
         f"p{store.bucket_of(T0 + 5 * BUCKET_MS)}".encode()
     ]
