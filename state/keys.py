@@ -42,11 +42,22 @@ class ShardKeys:
         return f"{self.tag}:timers:hold"
 
     def catalog(self, bucket: int) -> str:
+        """A bucket's record id -> position, as versions before packed entries kept it:
+        still read (and dropped by GC) where an upgraded application has one."""
         return f"{self.tag}:cat:{bucket}"
+
+    def catalog_groups(self, bucket: int) -> str:
+        """Hash group -> packed catalog entries (`catalog_entries.py`), for a bucket's groups
+        still small; a group that grew moves to its own string, `catalog_group`."""
+        return f"{self.tag}:catp:{bucket}"
+
+    def catalog_group(self, bucket: int, group: int) -> str:
+        return f"{self.tag}:catp:{bucket}:{group}"
 
     @property
     def buckets(self) -> str:
-        """Sorted set of live catalog buckets, for garbage collection of whole buckets."""
+        """Sorted set of live catalog buckets (score: the bucket; member "p<bucket>" for packed
+        entries, "<bucket>" for a legacy hash), for garbage collection of whole buckets."""
         return f"{self.tag}:buckets"
 
     @property

@@ -19,7 +19,8 @@ from typing import cast
 from millstream.records import Production, TimeDomain, Timer
 from millstream.state import _codec
 from millstream.state.bloom import BucketedBloom
-from millstream.state.catalog import Catalog, DedupStats, Verdict, unpack_ids
+from millstream.state.catalog import Catalog, DedupStats, Verdict
+from millstream.state.catalog_entries import unpack_log
 from millstream.state.client import RedisClient, RedisPipeline
 from millstream.state.keys import ShardKeys
 from millstream.state.lease import Lease, Position, acquire_and_read
@@ -141,14 +142,15 @@ class ShardStore:
             versions = [str(v) for v in range(soft.version + 1, self._version + 1)]
             entries = cast(list[bytes | None], self.client.hmget(self.keys.commit_log, versions))
             self._round_trips += 1
-            if all(e is not None for e in entries):
-                for entry in entries:
-                    assert entry is not None
-                    ids_blob, keys_blob = _codec.unpack(entry)
-                    bucketed = unpack_ids(ids_blob)
+            logged = [None if e is None else _codec.unpack(e) for e in entries]
+            # An older version's entry holds ids, not fingerprints: rebuild from the catalog.
+            prints = [None if e is None else unpack_log(e[0]) for e in logged]
+            if all(p is not None for p in prints):
+                for parts, bucketed in zip(logged, prints, strict=True):
+                    assert parts is not None and bucketed is not None
                     if soft.bloom is not None:
                         soft.bloom.add(bucketed)
-                    for key in _codec.unpack(keys_blob):
+                    for key in _codec.unpack(parts[1]):
                         soft.states.pop(key.decode(), None)
                     soft.synced_ids += len(bucketed)
                 soft.synced_commits += len(entries)

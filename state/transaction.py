@@ -11,8 +11,7 @@ from redis.typing import EncodableT, FieldT
 
 from millstream.errors import FencedError, TransientError
 from millstream.records import Production, TimeDomain
-from millstream.state import _codec
-from millstream.state.catalog import pack_ids
+from millstream.state import _codec, catalog_entries
 from millstream.state.catalog import queue_writes as queue_catalog_writes
 from millstream.state.client import RedisClient, RedisPipeline
 from millstream.state.keys import ShardKeys
@@ -39,7 +38,7 @@ class _Effects:
     timers: dict[tuple[str, str], tuple[TimeDomain, int, int | None] | None] = field(
         default_factory=dict
     )
-    ids: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    ids: list[catalog_entries.Entry] = field(default_factory=list)
     productions: list[Production] = field(default_factory=list)
     acked: list[Production] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
@@ -113,7 +112,7 @@ class ShardTransaction:
         """(bucket, id, position) entering the catalog with this commit: a redelivery of the
         id is then a duplicate (another position) or a replay (the same position)."""
         self._check_open()
-        self._fx.ids.extend(bucketed)
+        self._fx.ids.extend(catalog_entries.entries(bucketed))
 
     def checkpoint(self, production: Production) -> Production:
         """Strong production: stored with this commit, delivered after it, deleted after the ack."""
@@ -157,7 +156,8 @@ class ShardTransaction:
 
     @property
     def added_ids(self) -> list[tuple[int, bytes]]:
-        return [(bucket, rid) for bucket, rid, _ in self._fx.ids]
+        """(bucket, fingerprint) of the ids this commit adds: what the Bloom filters take."""
+        return [(e.bucket, e.fingerprint) for e in self._fx.ids]
 
     def is_empty(self) -> bool:
         fx = self._fx
@@ -231,7 +231,7 @@ class ShardTransaction:
             pipe.hincrby(keys.counters, name, amount)
         entry = _codec.pack(
             [
-                pack_ids(fx.ids),
+                catalog_entries.pack_log(fx.ids),
                 _codec.pack([k.encode() for k in fx.states]),
             ]
         )

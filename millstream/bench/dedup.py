@@ -8,6 +8,7 @@ the other worker may have committed, sent from new positions. Every verdict is c
 Reported at steady state (from the third batch): catalog reads per record (Redis look-ups the
 Bloom filter did not avoid), empty reads per record (Bloom false positives), Redis round trips
 per shard batch (acquire, dedup, load, commit: constant in the batch size) and ms per batch.
+Then the catalog's memory per retained id, old and new layout (`catalog_memory.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.bench._harness import Bench, print_table, say, write_json
+from millstream.bench.catalog_memory import measure as measure_catalog
 from millstream.records import Production
 from millstream.state.catalog import Verdict
 from millstream.state.keys import ShardKeys
@@ -169,6 +171,39 @@ def run(bench: Bench) -> dict[str, Any]:
             for r in rows
         ],
     )
-    result = {"scenario": NAME, "shards": SHARDS, "reps": reps, "rows": rows, "table": table}
+    catalog = measure_catalog(client)
+    catalog["table"] = print_table(
+        "catalog memory per retained id (used_memory freed by deleting it; peak: MEMORY USAGE "
+        "over the second half of a fill); commit and look-up at the fill",
+        [
+            "layout",
+            "ids/shard-bucket",
+            "B/id",
+            "peak B/id",
+            "commit ids",
+            "commit ms",
+            "look-up 50 ms",
+        ],
+        [
+            [
+                r["layout"],
+                r["per_shard_bucket"],
+                r["bytes_per_id"],
+                r["peak_bytes_per_id"],
+                r["commit_ids"],
+                r["commit_ms"],
+                r.get("lookup_50_ms", ""),
+            ]
+            for r in catalog["rows"]
+        ],
+    )
+    result = {
+        "scenario": NAME,
+        "shards": SHARDS,
+        "reps": reps,
+        "rows": rows,
+        "table": table,
+        "catalog": catalog,
+    }
     write_json(bench.output / f"{NAME}.json", result)
     return result

@@ -45,6 +45,8 @@ import itertools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from millstream.bench.catalog_memory import catalog_target
+
 OFF_KEY = "millstream_driver_read_off"  # latency and watermarks results of --driver-read ab
 READ_OFF_ROW = "millstream-eo-read-off"  # the throughput row of --driver-read ab
 RATE = 1000.0  # events/s at which the watermark and latency targets are defined
@@ -565,6 +567,7 @@ def compute(results: Mapping[str, Any], failed: Collection[str] = ()) -> list[di
         *throughput_targets(results.get("throughput"), failed),
         rss_target(results, failed),
         *join_targets(results.get("join"), failed),
+        catalog_target(results.get("dedup"), _why_absent("dedup", failed), _entry, _absent),
     ]
 
 

@@ -36,7 +36,8 @@ from millstream.headers import HEADER_ID
 from millstream.injectors.sources import kafka_source
 from millstream.records import Production, TimeDomain
 from millstream.settings import Settings
-from millstream.state.catalog import Verdict
+from millstream.state.catalog import Verdict, read_bucket
+from millstream.state.catalog_entries import ENTRY_BYTES
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
@@ -281,11 +282,12 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
     assert {k: sorted(s["events"]) for k, s in b_states.items()} == {
         k: sorted(e for e, key in events if key == k) for k in truth
     }
-    catalog = sum(
-        redis_client.hlen(key)
-        for shard in range(SHARDS)
-        for key in redis_client.keys(ShardKeys(app_name, "counter", shard).tag + ":cat:*")
-    )
+    catalog = 0
+    for shard in range(SHARDS):
+        keys = ShardKeys(app_name, "counter", shard)
+        for _, bucket in redis_client.zrange(keys.buckets, 0, -1, withscores=True):
+            blobs = read_bucket(redis_client, keys, int(bucket))
+            catalog += sum(len(blob) for blob in blobs) // ENTRY_BYTES
     assert catalog == len(events)
 
     # Output: one production per event, each under one id (the victim's delivered twice with

@@ -121,7 +121,7 @@ def test_one_entry_per_target_with_the_required_fields() -> None:
             "throughput": throughput(),
         }
     )
-    assert len(entries) == 12
+    assert len(entries) == 13
     for e in entries:
         assert {"name", "measured", "goal", "met", "detail", "baseline", "baseline_source"} <= (
             e.keys()
@@ -256,13 +256,32 @@ def test_peak_rss_is_judged_against_the_issues_figure_with_the_recorded_baseline
 
 def test_targets_of_scenarios_not_run_are_null_never_invented() -> None:
     entries = targets.compute({"dedup": {"rows": []}})
-    assert len(entries) == 12
+    assert len(entries) == 13
     for e in entries:
         assert e["measured"] is None and e["met"] is None
         assert e["detail"].startswith("not measured in this run")
     failed = by_name(targets.compute({}, failed=["latency"]))
     assert "the latency scenario failed" in failed[targets.RECORD_NAME]["detail"]
     assert "was not run" in failed[targets.THROUGHPUT_NAME]["detail"]
+
+
+def test_catalog_bytes_per_id_is_the_packed_layouts_worst_figure() -> None:
+    rows = [
+        {"layout": "hash", "per_shard_bucket": 750, "bytes_per_id": 107.2,
+         "peak_bytes_per_id": 103.2, "commit_ids": 10, "commit_ms": 0.3},
+        {"layout": "packed", "per_shard_bucket": 750, "bytes_per_id": 22.7,
+         "peak_bytes_per_id": 25.9, "commit_ids": 10, "commit_ms": 1.1},
+        {"layout": "packed", "per_shard_bucket": 75_000, "bytes_per_id": 21.1,
+         "peak_bytes_per_id": 34.8, "commit_ids": 1000, "commit_ms": 6.0},
+    ]  # fmt: skip
+    entry = by_name(targets.compute({"dedup": {"rows": [], "catalog": {"rows": rows}}}))[
+        "catalog bytes per retained id"
+    ]
+    assert (entry["measured"], entry["goal"], entry["met"]) == (34.8, 40.0, True)
+    assert "hash layout at 750 ids per shard-bucket: 107.2 B/id" in entry["detail"]
+    rows[2]["peak_bytes_per_id"] = 41.0
+    missed = by_name(targets.compute({"dedup": {"catalog": {"rows": rows}}}))
+    assert missed["catalog bytes per retained id"]["met"] is False
 
 
 def test_only_the_scenarios_run_are_judged() -> None:

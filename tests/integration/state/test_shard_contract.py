@@ -9,7 +9,8 @@ import pytest
 
 from millstream.errors import FencedError
 from millstream.records import Production, TimeDomain
-from millstream.state.catalog import Verdict
+from millstream.state.catalog import Verdict, bucket_keys, read_bucket
+from millstream.state.catalog_entries import fingerprint, fingerprints_in
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, oldest_work
 from millstream.state.transaction import TransactionStatus
@@ -21,6 +22,11 @@ T0 = 1_700_000_000_000
 
 def _store(client: Any, keys: ShardKeys, cache: SoftStateCache | None = None) -> ShardStore:
     return ShardStore(client, keys, ShardConfig(bucket_ms=BUCKET_MS), cache or SoftStateCache())
+
+
+def _cataloged(client: Any, keys: ShardKeys, bucket: int) -> set[bytes]:
+    """The fingerprints in a bucket's packed catalog entries."""
+    return {fp for blob in read_bucket(client, keys, bucket) for fp in fingerprints_in(blob)}
 
 
 def _prod(pid: bytes, ts: int = T0) -> Production:
@@ -67,7 +73,7 @@ def test_zombie_commit_is_fenced_and_writes_nothing(
 
     assert store_client.hget(keys.state, "k") is None
     assert store_client.zcard(keys.timers("event")) == 0
-    assert store_client.hlen(keys.catalog(1)) == 0
+    assert _cataloged(store_client, keys, 1) == set()
     assert store_client.hlen(keys.productions) == 0
     assert oldest_work(store_client, [keys]) == [NO_WORK]
     # The owner is unaffected and commits.
@@ -172,8 +178,13 @@ def test_gc_drops_whole_buckets(store_client: Any, redis_namespace: str) -> None
     txn = store.begin()
     txn.drop_buckets([old_bucket])
     store.commit(txn)
-    assert not store_client.exists(keys.catalog(old_bucket))
-    assert store_client.hexists(keys.catalog(store.bucket_of(T0 + 5 * BUCKET_MS)), b"b")
+    assert not store_client.exists(*bucket_keys(keys, old_bucket))
+    assert store_client.zrange(keys.buckets, 0, -1) == [
+        f"p{store.bucket_of(T0 + 5 * BUCKET_MS)}".encode()
+    ]
+    assert _cataloged(store_client, keys, store.bucket_of(T0 + 5 * BUCKET_MS)) == {
+        fingerprint(b"b")[0]
+    }
 
 
 def test_crash_between_commit_and_ack_redelivers_same_ids(

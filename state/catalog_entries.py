@@ -1,0 +1,107 @@
+"""What the record-id catalog keeps of an applied record: a 16-byte packed entry.
+
+MillWheel's catalog must remember every applied record id until garbage collection passes its
+bucket; kept as a Redis hash field id -> delivery position that cost ~117 bytes per id. An entry
+is instead a 96-bit fingerprint of the id (the first 12 bytes of its mmh3 x64 128-bit hash) and a
+32-bit hash of the position it was delivered from. The fingerprint says "applied before" (a
+wrong yes would drop a new record, so it is long: see README, "What retention costs"); the
+position hash only tells a replay from a duplicate, both of which are dropped. Entries go to
+one of `GROUPS` groups per bucket, chosen by other bits of the same hash, so a look-up reads
+1/64 of a bucket (where a group is kept: `catalog.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+import mmh3
+
+SEED = 0x6D696C6C  # the ids' fingerprint; the Bloom filters hash fingerprints with their own seed
+FINGERPRINT_BYTES = 12
+POSITION_BYTES = 4
+ENTRY_BYTES = FINGERPRINT_BYTES + POSITION_BYTES
+GROUPS = 64  # strings per bucket: 75k ids -> 19 KB read per look-up; 750 ids -> ~7 B/id of keys
+_LOG_MARK = b"F"  # commit-log blobs of (bucket, fingerprint); older blobs held raw ids
+_LOG_RECORD = 8 + FINGERPRINT_BYTES
+
+
+class Entry(NamedTuple):
+    """One applied record as the catalog stores it."""
+
+    bucket: int
+    fingerprint: bytes
+    group: int
+    packed: bytes  # fingerprint + position hash
+
+
+def fingerprint(rid: bytes) -> tuple[bytes, int]:
+    """The id's fingerprint and group: disjoint bits of one 128-bit hash."""
+    digest = mmh3.hash_bytes(rid, SEED)
+    return digest[:FINGERPRINT_BYTES], digest[FINGERPRINT_BYTES] % GROUPS
+
+
+def position_hash(position: bytes) -> bytes:
+    return mmh3.hash(position, SEED, signed=False).to_bytes(POSITION_BYTES, "big")
+
+
+def entries(ids: Iterable[tuple[int, bytes, bytes]]) -> list[Entry]:
+    """(bucket, id, position) triples as entries."""
+    out: list[Entry] = []
+    for bucket, rid, position in ids:
+        fp, group = fingerprint(rid)
+        out.append(Entry(bucket, fp, group, fp + position_hash(position)))
+    return out
+
+
+def group_blobs(bucket_entries: Iterable[Entry]) -> dict[int, bytes]:
+    """Group -> the entries to append to it; one entry per fingerprint (the last, as HSET kept
+    the last position of an id written twice in one commit)."""
+    last: dict[bytes, Entry] = {}
+    for entry in bucket_entries:
+        last.pop(entry.fingerprint, None)
+        last[entry.fingerprint] = entry
+    groups: dict[int, list[bytes]] = {}
+    for entry in last.values():
+        groups.setdefault(entry.group, []).append(entry.packed)
+    return {group: b"".join(packed) for group, packed in groups.items()}
+
+
+def find(blob: bytes, fp: bytes) -> bytes | None:
+    """The position hash of the last entry with fingerprint `fp` in a group's blob, if any.
+
+    The last, since a later entry is a later delivery (what HSET's overwrite kept). A match
+    that does not start on an entry boundary straddles two entries and is skipped.
+    """
+    end = len(blob)
+    while (at := blob.rfind(fp, 0, end)) >= 0:
+        if at % ENTRY_BYTES == 0:
+            return blob[at + FINGERPRINT_BYTES : at + ENTRY_BYTES]
+        end = at + FINGERPRINT_BYTES - 1
+    return None
+
+
+def fingerprints_in(blob: bytes) -> list[bytes]:
+    """Every fingerprint of a group's blob (rebuilding Bloom filters)."""
+    return [blob[at : at + FINGERPRINT_BYTES] for at in range(0, len(blob), ENTRY_BYTES)]
+
+
+def pack_log(ids: Sequence[Entry]) -> bytes:
+    """The (bucket, fingerprint) pairs of a commit, for its commit-log entry: what other
+    workers add to their Bloom filters when they sync."""
+    return _LOG_MARK + b"".join(
+        e.bucket.to_bytes(8, "big", signed=True) + e.fingerprint for e in ids
+    )
+
+
+def unpack_log(blob: bytes) -> list[tuple[int, bytes]] | None:
+    """The pairs `pack_log` packed; None for a blob an older version wrote (raw ids, which the
+    filters no longer take: the reader rebuilds its filters from the catalog instead)."""
+    if not blob:
+        return []
+    if blob[:1] != _LOG_MARK:
+        return None
+    return [
+        (int.from_bytes(blob[at : at + 8], "big", signed=True), blob[at + 8 : at + _LOG_RECORD])
+        for at in range(1, len(blob), _LOG_RECORD)
+    ]
