@@ -47,10 +47,13 @@ def position_hash(position: bytes) -> bytes:
 
 def entries(ids: Iterable[tuple[int, bytes, bytes]]) -> list[Entry]:
     """(bucket, id, position) triples as entries."""
+    hash_bytes, hash32 = mmh3.hash_bytes, mmh3.hash  # every applied record passes here
     out: list[Entry] = []
     for bucket, rid, position in ids:
-        fp, group = fingerprint(rid)
-        out.append(Entry(bucket, fp, group, fp + position_hash(position)))
+        digest = hash_bytes(rid, SEED)
+        fp = digest[:FINGERPRINT_BYTES]
+        where = hash32(position, SEED, signed=False).to_bytes(POSITION_BYTES, "big")
+        out.append(Entry(bucket, fp, digest[FINGERPRINT_BYTES] % GROUPS, fp + where))
     return out
 
 
