@@ -79,6 +79,11 @@ WITHHELD_REASON = (
     "contradicts (every transaction in it is marked), so a plain consumer stops before "
     "committed records"
 )
+UNAPPLIED_PROGRESS_REASON = (
+    "broker defect: Tansu committed a transaction's records (COMMIT marker) while its group "
+    "coordinator kept answering the progress offsets from before that transaction, so the "
+    "sink's recovery delivered those productions again"
+)
 LOST_COMMIT_REASON = (
     "broker defect: Tansu acknowledged a transaction's commit across a stop and restart, kept "
     "its progress offsets, and then aborted its records (no COMMIT marker ever written)"
@@ -417,6 +422,7 @@ class ProgressWatcher:
     def __init__(self, bootstrap: str, app: str, every: float = 0.05) -> None:
         self.bootstrap, self.app, self.every = bootstrap, app, every
         self._seen: dict[int, set[int]] = {shard: set() for shard in range(SHARDS)}
+        self._timeline: dict[int, list[tuple[float, int]]] = {s: [] for s in range(SHARDS)}
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress-watcher", daemon=True)
@@ -434,6 +440,11 @@ class ProgressWatcher:
         with self._lock:
             return {shard: set(values) for shard, values in self._seen.items()}
 
+    def timeline(self) -> dict[int, list[tuple[float, int]]]:
+        """Shard -> (epoch seconds, offset) of every answer, in the order they came."""
+        with self._lock:
+            return {shard: list(answers) for shard, answers in self._timeline.items()}
+
     def _run(self) -> None:
         consumers = [_progress_consumer(self.bootstrap, self.app, s) for s in range(SHARDS)]
         try:
@@ -443,6 +454,7 @@ class ProgressWatcher:
                         value = _committed_progress(consumer, 2.0)
                         with self._lock:
                             self._seen[shard].add(value)
+                            self._timeline[shard].append((time.time(), value))
         finally:
             for consumer in consumers:
                 consumer.close()
@@ -784,6 +796,60 @@ def lost_commit_evidence(
         f"{len(found)} productions {found[:5]}: the broker committed their transaction's "
         "progress offsets and aborted their records"
     )
+
+
+def unapplied_progress_evidence(
+    doubled: list[str],
+    journal: Path,
+    partitions: Sequence[list[RawBatch]],
+    timeline: dict[int, list[tuple[float, int]]],
+    settle_s: float = 1.0,
+) -> str | None:
+    """Evidence that the broker, not millstream, doubled these productions, or None.
+
+    It holds only when, for every doubled event: the sink's journal names one production
+    (shard, seq) for it, delivered twice (a checkpoint delivered again, not a new production);
+    its first copy in the raw log sits under a COMMIT marker (the broker committed that
+    transaction, whose offset commit says seq delivered); and after the first delivery returned
+    (+`settle_s`) and before the second, the broker's group coordinator answered the shard's
+    progress offset (`timeline`, sampled by `ProgressWatcher`) at or below seq, i.e. "not
+    delivered". Apache Kafka commits a transaction's records and offsets together, and answers
+    a read_committed offset fetch for a pending one with UNSTABLE_OFFSET_COMMIT, never the old
+    value: the broker's log and its coordinator contradict each other. The journal only names
+    productions and orders the samples; the contradiction is the broker's own.
+    """
+    if not doubled or not journal.exists():
+        return None
+    deliveries: dict[str, list[dict[str, Any]]] = {}
+    for line in journal.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["skipped"] is None:
+            deliveries.setdefault(entry["e"], []).append(entry)
+    copies = _copies(partitions)
+    found: list[str] = []
+    for event in doubled:
+        delivered = sorted(deliveries.get(event, []), key=lambda e: float(e["t"]))
+        names = {(int(e["shard"]), int(e["seq"])) for e in delivered}
+        if len(delivered) < 2 or len(names) != 1:
+            return None  # not one checkpoint delivered twice: a new production is ours
+        ((shard, seq),) = names
+        where = copies.get(event, [])
+        if len(where) < 2 or where[0].marker != COMMIT_MARKER:
+            return None  # the broker never committed the first copy: not this defect
+        first, second = float(delivered[0]["t"]), float(delivered[1]["t"])
+        stale = [
+            v for t, v in timeline.get(shard, []) if first + settle_s < t < second and v <= seq
+        ]
+        if not stale:
+            return None  # no answer of the broker said "not delivered" in between
+        copy = where[0]
+        found.append(
+            f"{event} (shard {shard} seq {seq}: p{copy.partition}@{copy.offset} pid "
+            f"{copy.producer_id} epoch {copy.producer_epoch} COMMIT, progress answered "
+            f"{max(stale)} {len(stale)} times in the {second - first:.1f} s before it was "
+            "delivered again)"
+        )
+    return f"{len(found)} productions {found[:5]}"
 
 
 def acknowledged_offsets(journal: Path) -> dict[str, tuple[int, int]]:

@@ -18,6 +18,12 @@ exactly once, with per-key running counts 1..n (ground truth from what the test 
 marker-aware read_committed view for the transactional sink, and through `DedupReader` for the
 idempotent one. A plain read_committed consumer is checked too; on a broker that serves aborted
 transactional data (Tansu) its wrong view is an expected failure naming the defect.
+
+Productions that come out twice fail the test, except on the broker's own contradiction
+(`sink_faults.unapplied_progress_evidence`, from progress offsets sampled every 50 ms through
+the run): a transaction whose records the broker marked COMMIT while its coordinator kept
+answering the progress from before it, so the restarted sink delivered them again (Tansu, 1 of
+the last 4 CI runs).
 """
 
 from __future__ import annotations
@@ -30,8 +36,12 @@ from typing import Any
 import pytest
 
 from tests.e2e.sink_faults import (
+    JOURNAL,
+    UNAPPLIED_PROGRESS_REASON,
     Feeder,
     Phases,
+    ProgressWatcher,
+    _raw_partitions,
     assert_exactly_once,
     check_plain_consumer,
     metric,
@@ -40,6 +50,7 @@ from tests.e2e.sink_faults import (
     read_output,
     start_pipeline,
     states,
+    unapplied_progress_evidence,
     wait_complete,
 )
 
@@ -91,6 +102,9 @@ def test_kill9_between_redis_commit_and_kafka_commit(
     sent = FIRST_WAVE
     stranded: list[Any] = []
     pipeline = None
+    # The broker's answers about the sink's progress, sampled throughout: evidence, should
+    # productions come out twice, of which side broke the transaction's atomicity.
+    watcher = ProgressWatcher(kafka_bootstrap, app).start() if mode == "transactional" else None
     try:
         for point in points:
             crash_file = tmp_path / f"crash-points-{point}"
@@ -140,9 +154,25 @@ def test_kill9_between_redis_commit_and_kafka_commit(
     finally:
         if pipeline is not None:
             pipeline.stop(30)
+        if watcher is not None:
+            watcher.stop()
         phase("stopped")
 
-    assert_exactly_once(output, truth, (kafka_bootstrap, sink))
+    try:
+        assert_exactly_once(output, truth, (kafka_bootstrap, sink))
+    except AssertionError:
+        doubled = sorted(e for e, n in output.ids.items() if n > 1)
+        if watcher is None or set(output.ids) != set(truth):
+            raise  # missing or unexpected productions: never the broker's by this rule
+        evidence = unapplied_progress_evidence(
+            doubled,
+            tmp_path / JOURNAL,
+            list(_raw_partitions(kafka_bootstrap, sink)),
+            watcher.timeline(),
+        )
+        if evidence is None:
+            raise
+        pytest.xfail(f"{UNAPPLIED_PROGRESS_REASON}: {evidence}")
     # The checkpoints each crash stranded were delivered as they were checkpointed, under the
     # same ids, not recomputed (a later crash may strand one an earlier crash left: same id).
     for production in stranded:

@@ -26,6 +26,7 @@ from tests.e2e.sink_faults import (
     acknowledged_then_aborted,
     journal_productions,
     lost_commit_evidence,
+    unapplied_progress_evidence,
     unserved_ack_evidence,
 )
 
@@ -178,6 +179,61 @@ def test_journal_names_productions_written_or_skipped(tmp_path: Path) -> None:
     journal.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert journal_productions(journal) == {"e1": {(0, 4)}, "e2": {(1, 2)}}
     assert journal_productions(tmp_path / "absent.jsonl") == {}
+
+
+# ---------------------------------------------------------------- committed, then delivered again
+
+
+def delivered_twice_log(first: int = COMMIT) -> list[list[RawBatch]]:
+    """p0: producer 5 epoch 2 wrote e1 (its transaction ended by `first`), epoch 3 wrote it
+    again and committed."""
+    return [
+        [
+            data(0, 5, event="e1", epoch=2),
+            marker(1, 5, first, epoch=2),
+            data(2, 5, event="e1", epoch=3),
+            marker(3, 5, COMMIT, epoch=3),
+        ]
+    ]
+
+
+def twice_journal(tmp_path: Path, seqs: tuple[int, int] = (4, 4)) -> Path:
+    journal = tmp_path / "deliveries.jsonl"
+    rows = [
+        {"e": "e1", "shard": 0, "seq": seqs[0], "partition": 0, "offset": 0, "skipped": None,
+         "t": 10.0},
+        {"e": "e1", "shard": 0, "seq": seqs[1], "partition": 0, "offset": 2, "skipped": None,
+         "t": 30.0},
+    ]  # fmt: skip
+    journal.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return journal
+
+
+def test_progress_answered_stale_after_a_committed_transaction_is_the_brokers(
+    tmp_path: Path,
+) -> None:
+    # Progress 5 (seq 4 delivered) at 10.5, then the old 4 ("seq 4 not delivered") at 15.
+    timeline = {0: [(9.0, 4), (10.5, 5), (15.0, 4), (31.0, 5)]}
+    evidence = unapplied_progress_evidence(
+        ["e1"], twice_journal(tmp_path), delivered_twice_log(), timeline
+    )
+    assert evidence is not None and "shard 0 seq 4" in evidence and "COMMIT" in evidence
+
+
+def test_delivered_again_is_ours_without_each_broker_fact(tmp_path: Path) -> None:
+    stale = {0: [(15.0, 4)]}
+    journal = twice_journal(tmp_path)
+    # The broker aborted the first copy: the second delivery was right.
+    assert unapplied_progress_evidence(["e1"], journal, delivered_twice_log(ABORT), stale) is None
+    # The broker always answered "delivered" between the two (or only before the first
+    # delivery returned, or too soon after it): the sink delivered again on its own.
+    for timeline in ({0: [(15.0, 5)]}, {0: [(9.0, 4), (10.4, 4)]}, {0: [(31.0, 4)]}, {}):
+        assert unapplied_progress_evidence(["e1"], journal, delivered_twice_log(), timeline) is None
+    # Two productions for one input: a recomputation, ours whatever the broker said.
+    other = twice_journal(tmp_path, seqs=(4, 9))
+    assert unapplied_progress_evidence(["e1"], other, delivered_twice_log(), stale) is None
+    # An event the journal never delivered twice proves nothing.
+    assert unapplied_progress_evidence(["e2"], journal, delivered_twice_log(), stale) is None
 
 
 # ---------------------------------------------------------------- plain consumer
