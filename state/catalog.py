@@ -264,7 +264,7 @@ def queue_writes(
     MULTI; a bucket is one DEL of all its keys."""
     by_bucket: dict[int, list[ce.Entry]] = {}
     for entry in entries:
-        by_bucket.setdefault(entry.bucket, []).append(entry)
+        by_bucket.setdefault(entry[ce.BUCKET], []).append(entry)
     for bucket, bucket_entries in by_bucket.items():
         blobs = ce.group_blobs(bucket_entries)
         strings = [keys.catalog_group(bucket, g) for g in blobs]

@@ -157,7 +157,7 @@ class ShardTransaction:
     @property
     def added_ids(self) -> list[tuple[int, bytes]]:
         """(bucket, fingerprint) of the ids this commit adds: what the Bloom filters take."""
-        return [(e.bucket, e.fingerprint) for e in self._fx.ids]
+        return [(e[0], e[1]) for e in self._fx.ids]  # catalog_entries.BUCKET, FINGERPRINT
 
     def is_empty(self) -> bool:
         fx = self._fx

@@ -24,8 +24,8 @@ def test_groups_spread_evenly() -> None:
 def test_entries_are_16_bytes_fingerprint_then_position_hash() -> None:
     [entry] = ce.entries([(7, b"r", b"in:0:12")])
     fp, group = ce.fingerprint(b"r")
-    assert entry == ce.Entry(7, fp, group, fp + ce.position_hash(b"in:0:12"))
-    assert len(entry.packed) == ce.ENTRY_BYTES == 16
+    assert entry == (7, fp, group, fp + ce.position_hash(b"in:0:12"))
+    assert len(entry[ce.PACKED]) == ce.ENTRY_BYTES == 16
 
 
 def test_group_blobs_keep_one_entry_per_fingerprint_the_last() -> None:
@@ -56,15 +56,18 @@ def test_find_skips_a_match_straddling_two_entries() -> None:
 
 def test_fingerprints_in_a_blob() -> None:
     entries = ce.entries([(1, f"r{i}".encode(), b"p") for i in range(5)])
-    blob = b"".join(e.packed for e in entries)
-    assert ce.fingerprints_in(blob) == [e.fingerprint for e in entries]
+    blob = b"".join(e[ce.PACKED] for e in entries)
+    assert ce.fingerprints_in(blob) == [e[ce.FINGERPRINT] for e in entries]
 
 
 def test_commit_log_round_trip_and_older_blobs() -> None:
     entries = ce.entries([(-3, b"a", b"p"), (2**40, b"b", b"q")])
     blob = ce.pack_log(entries)
     assert len(blob) == 1 + 2 * 20
-    assert ce.unpack_log(blob) == [(-3, entries[0].fingerprint), (2**40, entries[1].fingerprint)]
+    assert ce.unpack_log(blob) == [
+        (-3, entries[0][ce.FINGERPRINT]),
+        (2**40, entries[1][ce.FINGERPRINT]),
+    ]
     assert ce.unpack_log(ce.pack_log([])) == []
     assert ce.unpack_log(b"") == []
     older = _codec.pack([(5).to_bytes(8, "big", signed=True) + b"raw-id"])  # before fingerprints
