@@ -12,6 +12,7 @@ from millstream.connectors.topology import Topology
 from millstream.settings import Settings
 
 log = logging.getLogger(__name__)
+PAUSABLE = ("millstream-kafka", "millstream-logfile")  # sources that read the throttle flag
 
 
 def kafka_options(settings: Settings, endpoints: Endpoints) -> dict[str, str]:
@@ -69,12 +70,13 @@ def source_options(
                     "outageGraceMs": str(settings.outage_grace_ms),
                 }
             )
-            if stream in throttled and src.format == "millstream-kafka":
+            if stream in throttled and src.format in PAUSABLE:
                 options["throttle"] = "true"
             elif stream in throttled:
                 log.warning(
                     "stream %s: a join's max_waiting cannot pause its %s source (only Kafka "
-                    "sources pause); its waiting clicks are not bounded", stream, src.format,
+                    "and log-file sources pause); its waiting clicks are not bounded", stream,
+                    src.format,
                 )  # fmt: skip
             sources.append((src.format, options))
     for stream in topic_inputs:

@@ -43,9 +43,9 @@ from millstream.injectors._kafka_options import (
 )
 from millstream.injectors._kafka_plan import OffsetPlanner
 from millstream.injectors._kafka_read import KafkaRange, read_range, read_range_rows
+from millstream.injectors._throttle_flag import ThrottleFlag
 from millstream.injectors.schema import INJECTED_SCHEMA
 from millstream.state.client import connect
-from millstream.state.throttle import paused
 from millstream.state.watermarks import Watermark, WatermarkAuthority
 
 __all__ = ["OPTIONS", "KafkaInjector", "KafkaRange", "KafkaStreamReader", "options_from_settings"]
@@ -178,18 +178,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._publish(InjectorOffset.from_json(end).watermark)
 
     def _paused(self) -> bool:
-        """A join's throttle pauses this stream (`connectors/throttle.py`). Unreadable flag:
-        not paused (the bound is a memory guard; stopping the input on a Redis blip would
-        stop the pipeline, which the batch's own Redis work will report anyway)."""
+        """A join's throttle pauses this stream (`injectors/_throttle_flag.py`)."""
         if not self._options.throttle or not self._options.redis_url:
             return False
-        try:
-            if self._throttle is None:
-                self._throttle = connect(self._options.redis_url)
-            return paused(self._throttle, self._options.app, self._options.stream)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            log.warning("injector %s: throttle flag unreadable (%s)", self._options.stream, exc)
-            return False
+        if self._throttle is None:
+            self._throttle = ThrottleFlag(
+                self._options.redis_url, self._options.app, self._options.stream
+            )
+        return bool(self._throttle.paused())
 
     def _publish(self, watermark: Watermark) -> None:
         """Raise the injector's watermark in Redis (the authority keeps it monotonic)."""

@@ -255,3 +255,36 @@ def test_watermark_is_published_monotonic_and_follows_the_rule(
     marks = [tuple(o["wm"]) for o in checkpoint_offsets(tmp_checkpoint)]
     assert [m[0] for m in marks] == sorted(m[0] for m in marks)
     assert [m[1] for m in marks] == sorted(m[1] for m in marks)
+
+
+def test_a_join_throttle_pauses_the_log_file_injector(
+    tmp_path: Path, redis_url: str, redis_client: Any, redis_namespace: str
+) -> None:
+    """While the application's throttle flag names the stream, `latestOffset` plans no batch
+    (it returns its start); cleared, the lines are planned. The flag is the one a join's driver
+    writes (`state/throttle.py`)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from millstream.injectors.logfile import LogFileOptions, LogFileStreamReader
+    from millstream.state.throttle import throttle_key
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    now = int(time.time() * 1000)
+    append(logs / "clicks.log", line("k1", now) + line("k2", now + 1))
+    options = {"path": str(logs), "stream": "clicks", "redis.url": redis_url,
+               "app": redis_namespace, "throttle": "true"}  # fmt: skip
+    reader = LogFileStreamReader(LogFileOptions.from_options(options))
+    start = reader.initialOffset()
+    redis_client.hset(throttle_key(redis_namespace), "clicks", json.dumps({"since": now}))
+    assert reader.latestOffset(start, ReadAllAvailable()) == start  # paused: no batch
+    redis_client.hdel(throttle_key(redis_namespace), "clicks")
+    planned = reader.latestOffset(start, ReadAllAvailable())
+    assert planned != start
+    batches = [b for part in reader.partitions(start, planned) for b in reader.read(part)]
+    assert sum(batch.num_rows for batch in batches) == 2
+    # Another stream's pause, or no throttle option: not paused.
+    redis_client.hset(throttle_key(redis_namespace), "queries", "{}")
+    unthrottled = LogFileStreamReader(LogFileOptions.from_options({**options, "throttle": "false"}))
+    redis_client.hset(throttle_key(redis_namespace), "clicks", "{}")
+    assert unthrottled.latestOffset(start, ReadAllAvailable()) != start

@@ -105,3 +105,32 @@ def test_the_throttle_pauses_above_the_bound_and_lets_a_batch_in_after_the_give_
     # Waiting clicks give up only as the watermark moves, which a pause holds: after the
     # give-up time one batch gets in, then the throttle engages again if still over.
     assert decide(150, throttle, 1_000, 6_000) == "breathe"
+
+
+def test_the_runtime_marks_kafka_and_log_file_primaries_for_the_throttle(tmp_path: Any) -> None:
+    """`throttle=true` reaches every source of a join's primary stream that reads the flag
+    (`injectors/_throttle_flag.py`), Kafka and log files alike, and no other source."""
+    from millstream.connectors.query_sources import source_options
+    from millstream.connectors.targets import Endpoints
+    from millstream.injectors.sources import logfile_source
+    from millstream.settings import Settings
+
+    topology = Topology("photon")
+    topology.source("clicks", kafka_source("c"), logfile_source(str(tmp_path)))
+    topology.source("queries", kafka_source("q"))
+    topology.join(
+        "joiner", primary="clicks", primary_id=json_field("click_id"), secondary="queries",
+        secondary_id=json_field("query_id"), lookup=json_field("query_id"),
+        combine=lambda click, query: query, output="joined",
+    )  # fmt: skip
+    settings = Settings(
+        redis_url="redis://r:6379/0", kafka_bootstrap_servers="k:9092", app="photon"
+    )
+    ends = Endpoints(redis_url="redis://r:6379/0", kafka={"bootstrap.servers": "k:9092"})
+    sources = source_options(topology, settings, ends, {}, ["clicks", "queries"], [], str)
+    marked = {(fmt, opts["stream"]): opts.get("throttle") for fmt, opts in sources}
+    assert marked == {
+        ("millstream-kafka", "clicks"): "true",
+        ("millstream-logfile", "clicks"): "true",
+        ("millstream-kafka", "queries"): None,
+    }

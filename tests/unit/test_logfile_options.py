@@ -54,6 +54,8 @@ def test_data_source_validates_in_its_constructor(tmp_path: Path) -> None:
         ({"finishedAfterMs": "-1"}, "option 'finishedAfterMs'"),
         ({"pattern": "logs/*.log"}, "option 'pattern' must be a file-name glob"),
         ({"redis.url": "redis://localhost"}, "option 'app' is required with 'redis.url'"),
+        ({"throttle": "yes"}, "option 'throttle' must be one of true, false"),
+        ({"throttle": "true"}, "option throttle=true needs redis.url"),
         ({"parser": "nope"}, "option parser='nope' is invalid: expected 'module:function'"),
         ({"parser": "json:loads", "format": "text"}, "'format' and 'parser' exclude each other"),
     ],
