@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from millstream.connectors.join_log import LookupTime, check_log
 from millstream.connectors.join_operator import (
     Combine,
     EventStoreOperator,
@@ -33,6 +34,8 @@ def declare_join(
     cache_ttl_s: int,
     max_waiting: int | None,
     options: dict[str, Any],
+    log_tier: Any = None,
+    lookup_time: LookupTime | None = None,
 ) -> None:
     """`Topology.join`: the store computation, then the joiner (so a click and its query in
     one batch join at once: the store writes before the joiner looks)."""
@@ -53,6 +56,7 @@ def declare_join(
             f"join {name!r}: max_waiting must be an int >= 1 (waiting clicks per shard) or None "
             f"(no bound), got {max_waiting!r}"
         )
+    tier = check_log(name, log_tier, lookup_time)
     if output == unjoined:
         raise ConfigurationError(f"join {name!r}: output and unjoined must be two streams")
     if options.get("productions", "strong") != "strong" or options.get("exactly_once") is False:
@@ -69,7 +73,8 @@ def declare_join(
     joiner = JoinOperator(
         store=store, lookup=lookup, combine=combine, output=output, unjoined=unjoined,
         registry=registry, registry_url=registry_url, retry=retry, primary=primary,
-        max_waiting=max_waiting,
+        max_waiting=max_waiting, secondary=secondary, secondary_id=secondary_id,
+        cache_ttl_s=cache_ttl_s, log_tier=tier, lookup_time=lookup_time,
     )  # fmt: skip
     topology.computation(
         name, joiner, inputs={primary: primary_id}, outputs=[output, unjoined], **options

@@ -9,6 +9,9 @@ the batch's records and due timers:
 - found: the joined value (`combine(click, query)`) is checkpointed on the output stream,
   keyed by the click id and stamped at the click's event time, and the click's waiting state
   and timers go, all in the shard's one commit with the click's record id;
+- not found in the cache, and its query old enough for the cache to have let it expire: looked
+  for in the secondary stream's topics, all such clicks of the batch in one search (the log
+  tier, `connectors/join_log.py`); found there, joined as above;
 - not found: the click waits in state with a wall-time retry timer (exponential backoff with
   jitter derived from the click id, so a re-run is deterministic) and an event-time give-up
   timer at `click time + give_up_ms` (from the joiner's low watermark for a click already
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import mmh3
 
+from millstream.connectors.join_log import JoinLog, LogLookup, LookupTime, look_in_log, query_time
 from millstream.connectors.operator import KeyBatch, Operator
 from millstream.connectors.throttle import Throttle
 from millstream.errors import ConfigurationError
@@ -134,6 +138,11 @@ class JoinOperator(Operator):
         retry: JoinRetry,
         primary: str = "",
         max_waiting: int | None = None,
+        secondary: str = "",
+        secondary_id: Lookup | None = None,
+        cache_ttl_s: int = 3600,
+        log_tier: JoinLog | None = None,
+        lookup_time: LookupTime | None = None,
     ) -> None:
         self.store = store
         self.lookup = lookup
@@ -146,6 +155,13 @@ class JoinOperator(Operator):
         self.primary = primary
         self.max_waiting = max_waiting
         self.gated_streams = (output,)
+        # The log tier (connectors/join_log.py): its topics are bound at start.
+        self.secondary = secondary
+        self.secondary_id = secondary_id
+        self.cache_ttl_s = cache_ttl_s
+        self.log_tier = log_tier
+        self.lookup_time = lookup_time
+        self.log_sources: tuple[Any, ...] = ()
 
     def throttle(self) -> Throttle | None:
         """Photon's bound on waiting clicks: the primary pauses above `max_waiting` a shard."""
@@ -154,7 +170,14 @@ class JoinOperator(Operator):
         return Throttle((self.primary,), self.max_waiting, self.retry.give_up_ms)
 
     def user_objects(self) -> list[Any]:
-        return [self.lookup, self.combine]
+        objects = (self.lookup, self.combine, self.secondary_id, self.lookup_time)
+        return [f for f in objects if f is not None]
+
+    def _log_lookup(self) -> LogLookup | None:
+        if self.log_tier is None or not self.log_sources or self.secondary_id is None:
+            return None
+        return LogLookup(self.log_tier, self.log_sources, self.secondary_id, self.store,
+                         self.cache_ttl_s)  # fmt: skip
 
     def expired(self, record: Record, watermark: int) -> bool:
         return False  # every click is joined; its output is stamped at its own time
@@ -179,6 +202,7 @@ class JoinOperator(Operator):
             if raw is not None:
                 waiting[key] = json.loads(raw)
         wanted: dict[str, str] = {}  # click -> query id
+        times: dict[str, int] = {}  # click -> its query's time (the log tier's search)
         fresh: list[tuple[str, Record, tuple, str]] = []
         for key, record, row in records:
             if key in waiting or key in wanted:
@@ -194,6 +218,7 @@ class JoinOperator(Operator):
                 continue
             try:
                 query = self.lookup(row[2], record.value)  # the Kafka key, the value
+                times[key] = query_time(self.lookup_time, record)
             except Exception as exc:
                 runner.dead_letter(key, f"join lookup: {type(exc).__name__}: {exc}", row)
                 continue
@@ -203,18 +228,23 @@ class JoinOperator(Operator):
             state = waiting.get(timer.key)
             if state is not None:
                 wanted.setdefault(timer.key, state["q"])
+                times.setdefault(timer.key, state.get("qt", state["ts"]))
         ids = list(wanted)
         found = dict(
             zip(ids, event_store.get(connect(runner.plan.redis_url), self.store,
                                      [wanted[i] for i in ids]), strict=True)
         )  # fmt: skip
         runner.count("lookups", len(ids))
+        lookup = self._log_lookup()
+        if lookup is not None:
+            misses = {i: (wanted[i], times[i]) for i in ids if found[i] is None}
+            found.update(look_in_log(runner, lookup, misses))
         for key, record, row, query in fresh:
             value = found.get(key)
             if value is not None:
                 self._joined(runner, key, record.timestamp, record.value, value, row)
             else:
-                self._wait(runner, key, record, query)
+                self._wait(runner, key, record, query, times[key])
         by_key: dict[str, list[Timer]] = {}
         for timer in timers:
             by_key.setdefault(timer.key, []).append(timer)
@@ -237,9 +267,10 @@ class JoinOperator(Operator):
                 at = runner.plan.now + self.retry.delay(state["n"], key)
                 runner.txn.set_timer(key, RETRY, at, TimeDomain.WALL)
 
-    def _wait(self, runner: KeyRunner, key: str, record: Record, query: str) -> None:
+    def _wait(self, runner: KeyRunner, key: str, record: Record, query: str, at: int) -> None:
         state = {
             "q": query,
+            "qt": at,
             "ts": record.timestamp,
             "v": base64.b64encode(record.value).decode(),
             "n": 0,

@@ -7,7 +7,8 @@ computation and each pass `(stages, context) -> stages` decides one thing, in or
 2. `hand_over`: which computations of this query consume each output (handed over inside the
    batch), and which outputs computations of other queries read (from the stream's topic);
 3. `delivery_targets`: where each output goes outside the query (its sink, its topic);
-4. `topic_inputs`: inputs produced by computations of other queries, read from their topics.
+4. `topic_inputs`: inputs produced by computations of other queries, read from their topics;
+5. `event_logs`: a join's log tier bound to its secondary stream's Kafka sources.
 
 Adding an operator's rewrite (lifting across stages, a join's registry, a shard map for
 rescaling) is adding one pass to `PASSES`.
@@ -16,6 +17,7 @@ rescaling) is adding one pass to `PASSES`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,8 @@ from millstream.errors import ConfigurationError
 from millstream.settings import Settings
 from millstream.state.keys import ShardKeys, app_key
 from millstream.state.shard import ShardConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -155,7 +159,32 @@ def topic_inputs(stages: list[Stage], ctx: PlanContext) -> list[Stage]:
     ]
 
 
-PASSES: tuple[Pass, ...] = (fusion_order, hand_over, delivery_targets, topic_inputs)
+def event_logs(stages: list[Stage], ctx: PlanContext) -> list[Stage]:
+    """Each joiner with a log tier gets the Kafka sources of its secondary stream, with the
+    application's broker settings as its injectors get them (`connectors/join_log.py`)."""
+    from millstream.connectors.join_log import bind, log_sources
+    from millstream.connectors.join_operator import JoinOperator
+    from millstream.connectors.query_sources import kafka_options
+
+    out = []
+    for stage in stages:
+        operator = stage.spec.computation
+        if not isinstance(operator, JoinOperator) or operator.log_tier is None:
+            out.append(stage)
+            continue
+        connection = kafka_options(ctx.settings, ctx.endpoints)
+        sources = log_sources(ctx.topology, operator.secondary, connection)
+        if not sources:
+            log.warning(
+                "join %s: stream %s has no Kafka source, so no log tier: a query older than "
+                "cache_ttl_s is not found", stage.name, operator.secondary,
+            )  # fmt: skip
+        spec = dataclasses.replace(stage.spec, computation=bind(operator, sources))
+        out.append(dataclasses.replace(stage, spec=spec))
+    return out
+
+
+PASSES: tuple[Pass, ...] = (fusion_order, hand_over, delivery_targets, topic_inputs, event_logs)
 
 
 def bare_stage(spec: ComputationSpec, ctx: PlanContext) -> Stage:

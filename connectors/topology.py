@@ -14,6 +14,7 @@ from typing import Any, Literal
 from millstream.connectors.combiners import Combiner
 from millstream.connectors.computation import Computation
 from millstream.connectors.formats import JsonFormat, ValueFormat
+from millstream.connectors.join_log import DEFAULT_LOG, JoinLog
 from millstream.connectors.operator import ComputationOperator, Operator
 from millstream.connectors.serde import SERDES
 from millstream.connectors.windows import WindowKind
@@ -287,6 +288,8 @@ class Topology:
         retry: Any = None,
         cache_ttl_s: int = 3600,
         max_waiting: int | None = 10_000,
+        log: JoinLog | None = DEFAULT_LOG,
+        lookup_time: Callable[[Any], int] | None = None,
         **option_overrides: Any,
     ) -> Topology:
         """Photon's join (`connectors/join_operator.py`): each `primary` event (a click, its
@@ -300,6 +303,10 @@ class Topology:
         pipeline sharing it. Declares two computations: `<name>-store` and `<name>`.
         While a joiner shard holds more than `max_waiting` waiting clicks, new clicks are not
         read (the queries are) until retries bring it under (None: no bound).
+        A query missing from the cache once `cache_ttl_s` has passed since its time
+        (`lookup_time(click record)` in ms, else the click's time) is looked for in the
+        secondary stream's Kafka topics, `log` (a `JoinLog`) either side of that time: the
+        event store's log tier (`connectors/join_log.py`; `log=None`: cache only).
         """
         from millstream.connectors.join_declaration import declare_join
 
@@ -308,7 +315,7 @@ class Topology:
             secondary_id=secondary_id, lookup=lookup, combine=combine, output=output,
             unjoined=unjoined, registry=registry or name, registry_url=registry_url,
             retry=retry, cache_ttl_s=cache_ttl_s, max_waiting=max_waiting,
-            options=option_overrides,
+            options=option_overrides, log_tier=log, lookup_time=lookup_time,
         )  # fmt: skip
         return self
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from millstream.connectors.combiners import Combiner, Count, Max, Mean, Min, Sum
     from millstream.connectors.computation import Computation, Context
     from millstream.connectors.formats import FormatError, ValueFormat, avro_format, json_format
+    from millstream.connectors.join_log import JoinLog
     from millstream.connectors.join_operator import JoinRetry
     from millstream.connectors.topology import ComputationOptions, Topology, json_field, record_key
     from millstream.connectors.windows import Hopping, Session, Tumbling
@@ -40,6 +41,7 @@ __all__ = [
     "FencedError",
     "FormatError",
     "Hopping",
+    "JoinLog",
     "JoinRetry",
     "Max",
     "Mean",
@@ -83,6 +85,7 @@ _EXPORTS: dict[str, str] = {
     "FencedError": "millstream.errors",
     "FormatError": "millstream.connectors.formats",
     "Hopping": "millstream.connectors.windows",
+    "JoinLog": "millstream.connectors.join_log",
     "JoinRetry": "millstream.connectors.join_operator",
     "json_field": "millstream.connectors.topology",
     "json_format": "millstream.connectors.formats",

@@ -5,9 +5,10 @@ up a shard batch's primary events (clicks) in one pipelined round trip. A write 
 (the same id, the same bytes), so a batch replayed after a crash writes again harmlessly. One
 key per event, `ms:{<app>:es:<join>:<n>}:<id>` (n = mmh3(id) mod 16): inside the
 application's key prefix (`millstream reset` removes them, the README's ACL line covers them),
-and spread over 16 slots of a Redis Cluster (a pipeline groups them per node). Photon's log tier (reading the secondary stream's topic
-around the event's time once the cache has expired) is not built yet: an event older than the
-TTL is not found, and its primary events wait, then go unjoined.
+and spread over 16 slots of a Redis Cluster (a pipeline groups them per node). Behind it is
+Photon's log tier (`connectors/join_log.py`, `injectors/event_log.py`): a query the cache no
+longer holds (older than the TTL) is read from the secondary stream's topics around its time,
+and put back here for the clicks that follow.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Photon's join on the runtime (#28): the lost-output window, verify and recover, the registry
-down and restarted on its append-only file, throttling.
+down and restarted on its append-only file, throttling, and the event store's log tier (the
+cache keeps queries CACHE_TTL_S: clicks that come later find them in the queries' topic).
 
 Two pipelines active-active under a SIGKILL and a SIGSTOP, with late, missing and duplicate
 events, are the Photon demo's (`millstream demo --job photon`, run by tests/e2e/test_demo.py).
@@ -18,6 +19,7 @@ from confluent_kafka import Producer
 
 from millstream.embedded import RedisService, start_redis
 from millstream.headers import HEADER_ID
+from millstream.state import event_store
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys, app_key
 from millstream.state.registry import IdRegistry
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.spark
 
 MAX_WAITING, PER_BATCH = 25, 20  # waiting clicks per shard; records per source per batch
 REGISTRY_CLICKS = 60  # sent while the registry is down
+CACHE_TTL_S, LATE_CLICKS = 5, 12  # the event store's cache; clicks sent after it let go
 
 
 def _join_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -74,7 +77,15 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
     until a shard holds more than `max_waiting`; new clicks are then not read (sampled: never
     more than the bound plus one batch waiting in a shard) while the queries still are; once
     they come, retries join the waiting clicks, the throttle lets go, and every click is
-    output once."""
+    output once.
+
+    Then the log tier: queries stored in the cache (kept CACHE_TTL_S) and expired from it,
+    then their clicks: each is found in the queries' topic around its time (not the decoy
+    under the same id an hour before) and output once with its own query.
+
+    The cache keeps queries only CACHE_TTL_S throughout: clicks of the earlier parts whose
+    query missed the cache once their time was that old (the start, recovery) are found in
+    the log tier too."""
     app, registry = redis_namespace, f"reg-{redis_namespace}"
     registry_redis = start_redis(tmp_path / "registry", appendonly=True)
     clicks_topic, queries_topic = kafka_topic_factory(partitions=2), kafka_topic_factory(2)
@@ -84,6 +95,7 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
         JOIN_TARGET_QUERIES=queries_topic, JOIN_TARGET_REGISTRY=registry,
         MILLSTREAM_TEST_CRASH_FILE=str(crashes), JOIN_TARGET_MAX_WAITING=str(MAX_WAITING),
         MILLSTREAM_MAX_RECORDS_PER_BATCH=str(PER_BATCH), JOIN_TARGET_REGISTRY_URL=registry_redis.url,
+        JOIN_TARGET_CACHE_TTL_S=str(CACHE_TTL_S),
     )  # fmt: skip
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
     now = now_ms()
@@ -162,6 +174,10 @@ def test_a_sigkill_after_the_registry_insert_before_output_outputs_once_on_resta
         _throttled_clicks_wait_for_their_queries(
             env, redis_client, app, kafka_bootstrap, producer, (clicks_topic, queries_topic),
             pipeline, len(clicks) + REGISTRY_CLICKS,
+        )  # fmt: skip
+        _expired_queries_are_found_in_the_log(
+            env, redis_client, app, kafka_bootstrap, producer, (clicks_topic, queries_topic),
+            pipeline,
         )  # fmt: skip
     finally:
         pipeline.stop(30)
@@ -256,3 +272,49 @@ def _registry_down_then_restarted_on_its_aof(
     output = [c for c, _, _ in _joined(bootstrap, f"{app}.joined").values()]
     assert sorted(c for c in output if c in clicks) == sorted(clicks)  # each once
     assert all(t and t.startswith(f"{app}|joiner|") for t in reg.holders([(c, at) for c in clicks]))
+
+
+def _expired_queries_are_found_in_the_log(
+    env: dict[str, str], client: Any, app: str, bootstrap: str, producer: Producer,
+    topics: tuple[str, str], pipeline: PipelineProcess,
+) -> None:  # fmt: skip
+    clicks_topic, queries_topic = topics
+    found_before = metric(client, app, "joiner", "log_found")
+    at = now_ms()
+    late = {f"l{i}": f"lq{i}" for i in range(LATE_CLICKS)}  # a query each
+    for q in late.values():  # the same ids an hour before: outside the log tier's window
+        producer.produce(queries_topic, value=json.dumps({"query_id": q, "text": "decoy"}),
+                         headers=[("id", f"{q}-old".encode())], timestamp=at - 3_600_000)  # fmt: skip
+    for q in late.values():
+        producer.produce(queries_topic, value=json.dumps({"query_id": q, "text": f"t{q}"}),
+                         headers=[("id", q.encode())], timestamp=at)  # fmt: skip
+    assert producer.flush(10) == 0
+    cache, store = client, f"{app}:es:joiner"
+    pipeline.wait_for(
+        lambda: event_store.get(cache, store, list(late.values()))
+        == [json.dumps({"query_id": q, "text": f"t{q}"}).encode() for q in late.values()],
+        60, "the late clicks' queries stored in the cache",
+    )  # fmt: skip
+    pipeline.wait_for(
+        lambda: not any(event_store.get(cache, store, list(late.values()))),
+        CACHE_TTL_S + 30, "the late clicks' queries to expire from the cache",
+    )  # fmt: skip
+    for click, q in late.items():  # each says its query's time, as Photon's query ids do
+        producer.produce(clicks_topic,
+                         value=json.dumps({"click_id": click, "query_id": q, "query_ts": at}),
+                         headers=[("id", click.encode())], timestamp=now_ms())  # fmt: skip
+    assert producer.flush(10) == 0
+    pipeline.wait_for(
+        lambda: set(late) <= {c for c, _, _ in _joined(bootstrap, f"{app}.joined").values()},
+        60, "every late click joined from the log tier",
+    )  # fmt: skip
+    time.sleep(1.0)  # a (wrong) second output would land by now
+    output = [(c, body) for c, body, _ in _joined(bootstrap, f"{app}.joined").values()]
+    joined = sorted((c, body["text"]) for c, body in output if c in late)
+    assert joined == sorted((c, f"t{q}") for c, q in late.items())  # each once, its own query
+    # Not from the cache (expired, and each click has its own query): from the log tier.
+    assert metric(client, app, "joiner", "log_found") >= found_before + LATE_CLICKS
+    assert metric(client, app, "joiner", "log_scanned") > 0
+    until = str(now_ms() + 1_000)
+    done = _join_cli(env, "verify", "--apps", app, "--until-ms", until, "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["exactly_once"], done.stdout

@@ -14,6 +14,7 @@ from millstream import (
     json_field,
     kafka_source,
 )
+from millstream.connectors.join_log import JoinLog
 from millstream.connectors.join_operator import EventStoreOperator, JoinOperator
 from millstream.connectors.throttle import Throttle, decide
 from millstream.testing import TopologyTestDriver
@@ -64,6 +65,12 @@ def test_backoff_doubles_to_its_cap_with_deterministic_jitter() -> None:
         ({"cache_ttl_s": 0}, "cache_ttl_s"),
         ({"max_waiting": 0}, "max_waiting must be an int >= 1"),
         ({"max_waiting": "many"}, "max_waiting must be an int >= 1"),
+        ({"log": JoinLog(window_ms=0)}, "log window_ms must be an int >= 1"),
+        ({"log": JoinLog(max_records=True)}, "log max_records must be an int >= 1"),
+        ({"log": JoinLog(max_bytes=-1)}, "log max_bytes must be an int >= 1"),
+        ({"log": 300_000}, "log must be a JoinLog"),
+        ({"lookup_time": 5}, "lookup_time must be callable"),
+        ({"log": None, "lookup_time": lambda click: 0}, "log=None turns it off"),
     ],
 )
 def test_bad_declarations_are_refused_with_the_reason(overrides: dict, message: str) -> None:
