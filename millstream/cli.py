@@ -274,8 +274,14 @@ def _cmd_join(args: argparse.Namespace) -> int:
         raise ConfigurationError("recover needs --into APP: the application that rejoins them")
     if args.action == "recover" and args.into not in apps:
         raise ConfigurationError(f"--into must be one of --apps {apps}, got {args.into!r}")
+    if args.abandon is not None and (args.action != "recover" or args.abandon not in apps):
+        raise ConfigurationError(
+            f"--abandon goes with recover and names one of --apps {apps}, got {args.abandon!r}"
+        )
     redis_url = _redis_for_status()
     kafka = _kafka_for_tools()
+    if args.abandon is not None:
+        join_tools.check_gone(redis_url, args.abandon)  # before the (long) verify
     verdicts, clicks = join_tools.verify(topology, apps, kafka, redis_url, args.join, args.until_ms)
     if args.action == "verify":
         print(
@@ -283,23 +289,35 @@ def _cmd_join(args: argparse.Namespace) -> int:
         )
         return 0 if verdicts.exactly_once else 1
     print(join_tools.render(verdicts), file=sys.stderr if args.json else sys.stdout)
-    if not verdicts.orphaned:
-        print(json.dumps({"orphans": 0}) if args.json else "no orphan to recover")
+    stranded = verdicts.in_flight_by_app().get(args.abandon, 0) if args.abandon else 0
+    if not verdicts.orphaned and not stranded:
+        for app, n in verdicts.in_flight_by_app().items():
+            if app != args.into and join_tools.running(redis_url, app) is None:
+                print(
+                    f"{n} clicks are in flight on {app}, which is not running: if it is gone "
+                    f"for good, --abandon {app} gives them to {args.into}",
+                    file=sys.stderr,
+                )
+        print(json.dumps({"orphans": 0, "abandoned": 0}) if args.json else "no orphan to recover")
         return 0
     if not args.yes:
+        what = f"{len(verdicts.orphaned)} orphans" + (
+            f" and {stranded} clicks in flight on {args.abandon}" if stranded else ""
+        )
         try:
-            answer = input(
-                f"release {len(verdicts.orphaned)} orphans and join them in {args.into}? [y/N] "
-            )
+            answer = input(f"release {what} and join them in {args.into}? [y/N] ")
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing recovered")
             return 1
-    done = join_tools.recover(topology, verdicts, clicks, args.into, redis_url, args.join)
+    done = join_tools.recover(
+        topology, verdicts, clicks, args.into, redis_url, args.join, abandon=args.abandon
+    )
+    given = f" + {done['abandoned']} in flight on {args.abandon}" if args.abandon else ""
     print(json.dumps(done, indent=2) if args.json else
-          f"released {done['released']} of {done['orphans']} orphans; queued {done['requeued']} "
-          f"for {args.into}'s joiner (verify again once it has run)")  # fmt: skip
+          f"released {done['released']} of {done['orphans']} orphans{given}; queued "
+          f"{done['requeued']} for {args.into}'s joiner (verify again once it has run)")  # fmt: skip
     return 0
 
 
@@ -427,6 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="clicks up to this event time (default: now less the give-up time and 30 s)",
     )
     join.add_argument("--into", metavar="APP", help="recover: the application that rejoins them")
+    join.add_argument(
+        "--abandon",
+        metavar="APP",
+        help="recover: APP is gone for good (never restarted); its clicks in flight are "
+        "released and joined in --into too (refused while APP runs)",
+    )
     join.add_argument("--yes", action="store_true", help="recover: do not ask")
     join.add_argument("--json", action="store_true", help="machine-readable output")
     join.set_defaults(func=_cmd_join)

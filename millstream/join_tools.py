@@ -16,6 +16,16 @@ never delivered.
 Recover releases each orphan's registry entry by its token (a wrong token releases nothing)
 and queues the click again for the joiner of one pipeline (`state/replay.py`, under a record id
 derived from the token), which joins and registers it afresh.
+
+A pipeline that is gone for good (its datacenter lost, its processes killed and never
+restarted) leaves the clicks it registered and had not delivered in flight forever: their
+checkpoints wait in its state for a restart that does not come. `recover --abandon APP` treats
+them as orphans, only once APP has no live holder (`state/holder.py`: no heartbeat for
+`TTL_MS`). It stays at most once when APP does come back: each of its deliveries inserts its
+token first, finds the other pipeline's, and is acknowledged as a lost race. The one case it
+cannot close is a process paused (not dead) between its insert and its output for longer than
+the heartbeat's lapse: it would output after the release, and verify reports that click as
+output twice. So abandon only pipelines whose processes are gone.
 """
 
 from __future__ import annotations
@@ -30,10 +40,11 @@ from millstream.connectors.plan import shard_of
 from millstream.connectors.topology import ComputationSpec, Topology
 from millstream.errors import ConfigurationError
 from millstream.headers import HEADER_ID
-from millstream.state import replay
+from millstream.state import holder, replay
 from millstream.state.client import RedisClient, connect
 from millstream.state.keys import ShardKeys
 from millstream.state.registry import Claim, IdRegistry
+from millstream.state.watermarks import now_ms
 from millstream.state_tools import shard_count
 from millstream.topic_reader import read_to_end
 
@@ -116,6 +127,14 @@ class Verdicts:
         return not (self.violations or self.orphaned or self.missing or self.in_flight
                     or self.waiting)  # fmt: skip
 
+    def in_flight_by_app(self) -> dict[str, int]:
+        """Clicks in flight per application (the first part of each token)."""
+        out: dict[str, int] = {}
+        for _, token in self.in_flight:
+            app = token_app(token)
+            out[app] = out.get(app, 0) + 1
+        return out
+
     def as_dict(self) -> dict[str, Any]:
         def ids(items: list[Any]) -> list[Any]:
             return [list(i) if isinstance(i, tuple) else i for i in items[:SHOWN]]
@@ -127,6 +146,7 @@ class Verdicts:
             "per_app": self.per_app,
             "at_most_once_violations": len(self.violations),
             "in_flight": len(self.in_flight),
+            "in_flight_by_app": self.in_flight_by_app(),
             "orphaned": len(self.orphaned),
             "waiting": len(self.waiting),
             "unjoined": len(self.unjoined),
@@ -141,6 +161,31 @@ class Verdicts:
         }
 
 
+def token_app(token: str) -> str:
+    """The application of a registry token `app|computation|shard|production id`."""
+    return token.rsplit("|", 3)[0]
+
+
+def running(redis_url: str, app: str) -> holder.Holder | None:
+    """`app`'s holder when a copy of it is alive: a heartbeat within `holder.TTL_MS`, from a
+    process that is not known to be gone."""
+    found = holder.current(connect(redis_url), app)
+    if found is None or now_ms() - found.beat >= holder.TTL_MS or found.gone_here():
+        return None
+    return found
+
+
+def check_gone(redis_url: str, app: str) -> None:
+    """Refuse to abandon an application a live copy of which still runs."""
+    alive = running(redis_url, app)
+    if alive is not None:
+        raise ConfigurationError(
+            f"--abandon {app}: it is running ({alive.describe()}); abandon only a pipeline "
+            f"whose processes are gone (its heartbeat lapses {holder.TTL_MS // 1000} s after "
+            "it stops)"
+        )
+
+
 def verify(
     topology: Topology,
     apps: list[str],
@@ -150,8 +195,6 @@ def verify(
     until_ms: int | None = None,
 ) -> tuple[Verdicts, dict[str, Click]]:
     """The verdict on every click up to `until_ms` (module doc), and the clicks themselves."""
-    from millstream.state.watermarks import now_ms
-
     spec, op = find_join(topology, join)
     until = until_ms if until_ms is not None else now_ms() - op.retry.give_up_ms - 30_000
     clicks = read_clicks(kafka, topology, spec, until)
@@ -224,12 +267,20 @@ def recover(
     into: str,
     redis_url: str,
     join: str | None = None,
+    abandon: str | None = None,
 ) -> dict[str, int]:
-    """Release each orphan by its token and queue its click for `into`'s joiner."""
+    """Release each orphan by its token and queue its click for `into`'s joiner; with
+    `abandon`, that application's clicks in flight too (module doc), once it runs nowhere."""
     spec, op = find_join(topology, join)
     [stream] = spec.inputs
+    stranded: list[tuple[str, str]] = []
+    if abandon is not None:
+        if abandon == into:
+            raise ConfigurationError(f"--abandon {abandon}: the clicks need another pipeline")
+        check_gone(redis_url, abandon)
+        stranded = [(c, t) for c, t in verdicts.in_flight if token_app(t) == abandon]
     registry = IdRegistry(connect(op.registry_url or redis_url), op.registry)
-    orphans = [(clicks[c], token) for c, token in verdicts.orphaned]
+    orphans = [(clicks[c], token) for c, token in [*verdicts.orphaned, *stranded]]
     released = registry.release([Claim(c.id, c.timestamp, t) for c, t in orphans])
     again = [
         replay.Replay(
@@ -245,7 +296,8 @@ def recover(
     ]
     queued = replay.enqueue(connect(redis_url), into, again)
     return {
-        "orphans": len(orphans),
+        "orphans": len(orphans) - len(stranded),
+        "abandoned": len(stranded),
         "released": sum(released),
         "requeued": queued.queued,
         "requeued_before": queued.already,
