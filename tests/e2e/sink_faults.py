@@ -852,6 +852,96 @@ def unapplied_progress_evidence(
     return f"{len(found)} productions {found[:5]}"
 
 
+def acked_commit_unapplied_progress_evidence(
+    doubled: list[str],
+    topic: str,
+    journal: Path,
+    partitions: Sequence[list[RawBatch]],
+    wire: TxnWireLog,
+    timeline: dict[int, list[tuple[float, int]]],
+    settle_s: float = 1.0,
+) -> str | None:
+    """`unapplied_progress_evidence` for a commit whose answer reached the sink too late: its
+    `commit_transaction` timed out (outcome unknown, so the sink reported no delivery and
+    the journal holds only the later one), yet the broker had committed it. Or None.
+
+    It holds only when, for every doubled event: the journal names one production (shard,
+    seq) delivered once; the raw log holds exactly two copies by the same producer id, both
+    under COMMIT, the second of a later epoch (the shard's producer re-initialized: the same
+    checkpoint delivered again, not a new production) and with the same bytes; the wire shows
+    the broker answering the first copy's EndTxn(commit) without error, for that shard's
+    transactional id; and after that answer (+`settle_s`) and before the journal's delivery,
+    the group coordinator answered the shard's progress at or below seq ("not delivered").
+    The answers on the wire, the markers and the offsets served are all the broker's.
+    """
+    if wire.errors or not doubled or not journal.exists():
+        return None
+    deliveries: dict[str, list[dict[str, Any]]] = {}
+    for line in journal.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["skipped"] is None:
+            deliveries.setdefault(entry["e"], []).append(entry)
+    calls = wire.calls()
+    copies = _copies(partitions)
+    found: list[str] = []
+    for event in doubled:
+        delivered = deliveries.get(event, [])
+        names = {(int(e["shard"]), int(e["seq"])) for e in delivered}
+        if len(names) != 1:
+            return None
+        ((shard, seq),) = names
+        where = sorted(copies.get(event, []), key=lambda c: (c.producer_epoch, c.offset))
+        if len(where) != 2 or any(c.marker != COMMIT_MARKER for c in where):
+            return None
+        first, again = where
+        if (
+            first.producer_id != again.producer_id
+            or first.producer_epoch >= again.producer_epoch
+            or first.value != again.value
+        ):
+            return None  # two producers, or two productions: not one checkpoint delivered twice
+        markers_before = sum(
+            1
+            for batch in partitions[first.partition]
+            if batch.control
+            and batch.producer_id == first.producer_id
+            and batch.base_offset < first.offset
+        )
+        adds = [
+            c
+            for c in calls
+            if c.api == "add_partitions"
+            and c.producer_id == first.producer_id
+            and (topic, first.partition) in c.partitions
+            and c.error_code == 0
+        ]
+        if (
+            len(adds) <= markers_before
+            or adds[markers_before].producer_epoch != first.producer_epoch
+        ):
+            return None
+        end = _first_answered_end(calls, adds[markers_before])
+        if end is None or not end.committed or end.answered_at is None:
+            return None
+        if not end.transactional_id.endswith(f".{shard}"):
+            return None  # another shard's producer: the journal and the wire disagree
+        redelivered = max(float(e["t"]) for e in delivered)
+        stale = [
+            v
+            for t, v in timeline.get(shard, [])
+            if end.answered_at + settle_s < t < redelivered and v <= seq
+        ]
+        if not stale:
+            return None
+        found.append(
+            f"{event} (shard {shard} seq {seq}: p{first.partition}@{first.offset} pid "
+            f"{first.producer_id} epoch {first.producer_epoch} COMMIT, EndTxn(commit) answered "
+            f"{end.answered_at:.3f} with no error, progress answered {max(stale)} "
+            f"{len(stale)} times before it was delivered again at {redelivered:.3f})"
+        )
+    return f"{len(found)} productions {found[:5]}"
+
+
 def acknowledged_offsets(journal: Path) -> dict[str, tuple[int, int]]:
     """Event id -> (partition, offset) where the sink says the broker acknowledged its
     production, from its delivery journal: printed in failure stories, never evidence."""

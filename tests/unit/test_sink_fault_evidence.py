@@ -22,6 +22,7 @@ from tests.e2e.sink_faults import (
     TXN_TIMEOUT_S,
     UNSERVED_ACK_REASON,
     _open_transaction_before,
+    acked_commit_unapplied_progress_evidence,
     acknowledged_offsets,
     acknowledged_then_aborted,
     journal_productions,
@@ -234,6 +235,60 @@ def test_delivered_again_is_ours_without_each_broker_fact(tmp_path: Path) -> Non
     assert unapplied_progress_evidence(["e1"], other, delivered_twice_log(), stale) is None
     # An event the journal never delivered twice proves nothing.
     assert unapplied_progress_evidence(["e2"], journal, delivered_twice_log(), stale) is None
+
+
+def timed_out_commit(
+    tmp_path: Path, commit: bool = True, shard: int = 0
+) -> tuple[Path, TxnWireLog]:
+    """The sink's view of delivered_twice_log: the first commit timed out (the journal has only
+    the second delivery, at 30.0); the wire saw epoch 2's transaction start and its EndTxn."""
+    journal = tmp_path / "deliveries.jsonl"
+    row = {"e": "e1", "shard": 0, "seq": 4, "partition": 0, "offset": 2, "skipped": None,
+           "t": 30.0}  # fmt: skip
+    journal.write_text(json.dumps(row) + "\n")
+    txn_id = f"millstream.app.relay.{shard}"
+    start = TxnCall("add_partitions", txn_id, 5, 2, 9.0, None, ((TOPIC, 0),), 0, 9.01)
+    ended = TxnCall("end_txn", txn_id, 5, 2, 9.5, commit, (), 0, 9.51)
+    return journal, wire_of(start, ended)
+
+
+def test_a_timed_out_commit_committed_while_progress_stayed_old_is_the_brokers(
+    tmp_path: Path,
+) -> None:
+    journal, wire = timed_out_commit(tmp_path)
+    evidence = acked_commit_unapplied_progress_evidence(
+        ["e1"], TOPIC, journal, delivered_twice_log(), wire, {0: [(12.0, 4)]}
+    )
+    assert evidence is not None and "EndTxn(commit) answered 9.510" in evidence
+
+
+def test_a_timed_out_commit_delivered_again_is_ours_without_each_broker_fact(
+    tmp_path: Path,
+) -> None:
+    journal, wire = timed_out_commit(tmp_path)
+    stale = {0: [(12.0, 4)]}
+
+    def judge(log: list[list[RawBatch]], w: TxnWireLog, timeline: dict) -> str | None:
+        return acked_commit_unapplied_progress_evidence(["e1"], TOPIC, journal, log, w, timeline)
+
+    assert judge(delivered_twice_log(ABORT), wire, stale) is None  # the broker aborted it
+    assert judge(delivered_twice_log(), timed_out_commit(tmp_path, commit=False)[1], stale) is None
+    assert judge(delivered_twice_log(), timed_out_commit(tmp_path, shard=1)[1], stale) is None
+    assert judge(delivered_twice_log(), wire_of(), stale) is None  # no answer on the wire
+    # Progress said "delivered", or "not delivered" only before the answer settled or after
+    # the second delivery: the sink delivered again on its own.
+    for timeline in ({0: [(12.0, 5)]}, {0: [(10.0, 4)]}, {0: [(31.0, 4)]}, {}):
+        assert judge(delivered_twice_log(), wire, timeline) is None
+    # A second copy with other bytes is another production (a recomputation): ours.
+    recomputed = delivered_twice_log()
+    again = recomputed[0][2].records[0]
+    recomputed[0][2] = RawBatch(2, 3, 5, 3, True, False, (SimpleNamespace(
+        offset=2, key=None, value=again.value.replace(b'"n": 1', b'"n": 2'), timestamp=0,
+        headers=[]),))  # fmt: skip
+    assert judge(recomputed, wire, stale) is None
+    broken = wire_of(*wire.calls())
+    broken.errors.append("unparsed")
+    assert judge(delivered_twice_log(), broken, stale) is None
 
 
 # ---------------------------------------------------------------- plain consumer
