@@ -694,27 +694,7 @@ def acknowledged_then_aborted(
         if not where or any(c.marker != ABORT_MARKER for c in where):
             return None  # never written, or not under ABORT: not this defect
         for copy in where:
-            markers_before = sum(
-                1
-                for batch in partitions[copy.partition]
-                if batch.control
-                and batch.producer_id == copy.producer_id
-                and batch.base_offset < copy.offset
-            )
-            adds = [
-                c
-                for c in calls
-                if c.api == "add_partitions"
-                and c.producer_id == copy.producer_id
-                and (topic, copy.partition) in c.partitions
-                and c.error_code == 0
-            ]
-            if len(adds) <= markers_before:
-                return None  # the wire saw fewer transactions than the log holds: no match
-            start = adds[markers_before]
-            if start.producer_epoch != copy.producer_epoch:
-                return None
-            end = _first_answered_end(calls, start)
+            end = _closing_end_txn(copy, topic, partitions, calls)
             if end is None or not end.committed:
                 return None  # never ended on the wire, or aborted as asked
             found.append(
@@ -723,6 +703,38 @@ def acknowledged_then_aborted(
                 f"{end.answered_at:.3f} with no error; ABORT in the log)"
             )
     return f"{len(found)} records {found[:5]}"
+
+
+def _closing_end_txn(
+    copy: RecordOrigin, topic: str, partitions: Sequence[list[RawBatch]], calls: list[TxnCall]
+) -> TxnCall | None:
+    """The EndTxn on the wire that ended the transaction holding `copy`, or None.
+
+    Every successful AddPartitionsToTxn of a producer id for a partition starts one transaction
+    there, which ends with one control marker of that producer id in that partition: the
+    record's transaction is the n-th such call, n = the markers of its producer id before it.
+    """
+    markers_before = sum(
+        1
+        for batch in partitions[copy.partition]
+        if batch.control
+        and batch.producer_id == copy.producer_id
+        and batch.base_offset < copy.offset
+    )
+    adds = [
+        c
+        for c in calls
+        if c.api == "add_partitions"
+        and c.producer_id == copy.producer_id
+        and (topic, copy.partition) in c.partitions
+        and c.error_code == 0
+    ]
+    if len(adds) <= markers_before:
+        return None  # the wire saw fewer transactions than the log holds: no match
+    start = adds[markers_before]
+    if start.producer_epoch != copy.producer_epoch:
+        return None
+    return _first_answered_end(calls, start)
 
 
 def _first_answered_end(calls: list[TxnCall], start: TxnCall) -> TxnCall | None:
@@ -900,27 +912,7 @@ def acked_commit_unapplied_progress_evidence(
             or first.value != again.value
         ):
             return None  # two producers, or two productions: not one checkpoint delivered twice
-        markers_before = sum(
-            1
-            for batch in partitions[first.partition]
-            if batch.control
-            and batch.producer_id == first.producer_id
-            and batch.base_offset < first.offset
-        )
-        adds = [
-            c
-            for c in calls
-            if c.api == "add_partitions"
-            and c.producer_id == first.producer_id
-            and (topic, first.partition) in c.partitions
-            and c.error_code == 0
-        ]
-        if (
-            len(adds) <= markers_before
-            or adds[markers_before].producer_epoch != first.producer_epoch
-        ):
-            return None
-        end = _first_answered_end(calls, adds[markers_before])
+        end = _closing_end_txn(first, topic, partitions, calls)
         if end is None or not end.committed or end.answered_at is None:
             return None
         if not end.transactional_id.endswith(f".{shard}"):
