@@ -39,7 +39,7 @@ from millstream.records import Record
 if TYPE_CHECKING:
     from millstream.connectors.key_runner import KeyRunner
     from millstream.connectors.topology import Topology
-    from millstream.injectors._kafka_options import KafkaInjectorOptions
+    from millstream.injectors.event_log import SourceOptions
 
 log = logging.getLogger(__name__)
 LookupTime = Callable[[Record], int]
@@ -95,19 +95,19 @@ def check_log(join: str, log_tier: Any, lookup_time: Any) -> JoinLog | None:
 
 def log_sources(
     topology: Topology, secondary: str, settings_options: Mapping[str, str]
-) -> tuple[KafkaInjectorOptions, ...]:
+) -> tuple[SourceOptions, ...]:
     """The secondary stream's Kafka sources as a search reads them: each source's options with
     the application's broker connection (`settings_options`, as its injector gets them)."""
-    from millstream.injectors._kafka_options import KafkaInjectorOptions
+    from millstream.injectors.event_log import source_options
 
     return tuple(
-        KafkaInjectorOptions.parse({**src.options, **settings_options})
+        source_options({**src.options, **settings_options})
         for src in topology.sources.get(secondary, ())
         if src.format == KAFKA_FORMAT
     )
 
 
-def bind(operator: Any, sources: tuple[KafkaInjectorOptions, ...]) -> Any:
+def bind(operator: Any, sources: tuple[SourceOptions, ...]) -> Any:
     """A copy of a joiner that searches `sources` (the operator travels to executors with them)."""
     bound = copy.copy(operator)
     bound.log_sources = sources
@@ -129,7 +129,7 @@ class LogLookup:
     """What one joiner needs to search: its tier, topics, id function and cache."""
 
     tier: JoinLog
-    sources: tuple[KafkaInjectorOptions, ...]
+    sources: tuple[SourceOptions, ...]
     secondary_id: Callable[[bytes | None, bytes], str]
     store: str
     cache_ttl_s: int

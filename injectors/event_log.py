@@ -41,6 +41,15 @@ QUIET_S = 10.0  # no record, no end of partition for this long: the broker is no
 CHUNK = 1_000
 
 
+SourceOptions = KafkaInjectorOptions  # a source as a search reads it (the Kafka injector's)
+
+
+def source_options(options: Mapping[str, str]) -> SourceOptions:
+    """A Kafka source's options (with the application's connection settings) parsed and
+    checked as its injector parses them: the search reads with the injector's consumers."""
+    return KafkaInjectorOptions.parse(options)
+
+
 def merge_spans(windows: Sequence[Span]) -> list[Span]:
     """The union of `windows` as sorted, disjoint spans: a time read once however many clicks
     want it."""
