@@ -19,9 +19,10 @@ from millstream.connectors.fused import FusedRunner
 from millstream.connectors.segments import Segment, SegmentLayout, plan_segments
 from millstream.connectors.standby import Heartbeat
 from millstream.connectors.targets import DEFAULT_PARTITIONS, Endpoints
-from millstream.connectors.topics import ensure_topics
+from millstream.connectors.topics import check_input_topics, ensure_topics
 from millstream.connectors.topology import Topology
 from millstream.errors import ConfigurationError, MillstreamError
+from millstream.injectors.sources import KAFKA_FORMAT
 from millstream.logs import configure_logging, spark_log_config, spark_log_level
 from millstream.settings import Settings
 from millstream.state.client import connect
@@ -163,6 +164,18 @@ class Application:
         }
         if topics:
             ensure_topics(self.endpoints.kafka, topics)
+        check_input_topics(
+            self.endpoints.kafka,
+            (
+                (stream, topic.strip())
+                for runner in runners
+                for stream in runner.injected_inputs()
+                for src in self.topology.sources[stream]
+                if src.format == KAFKA_FORMAT
+                for topic in src.options.get("topics", "").split(",")
+                if topic.strip()
+            ),
+        )
 
     def prepare(self) -> None:
         """Build the queries `start()` starts and create the topics they write: an unreachable

@@ -159,6 +159,25 @@ def test_run_without_redis_url_stops_before_starting_anything(
     assert not (tmp_path / ".millstream").exists()  # no embedded service, no checkpoint
 
 
+def test_run_with_a_missing_input_topic_stops_before_spark(
+    redis_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A typo in an input topic is one line naming topic and stream, before any JVM starts:
+    the query used to fail four times with Spark's stack traces before the run gave up."""
+    (tmp_path / "onepipe.py").write_text(PIPELINE)
+    env = {"REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    result = millstream(["run", "onepipe:topology"], env, tmp_path)
+    assert result.returncode == 2, result.stderr
+    # The run's INFO line with its settings comes first; then the error, and nothing else.
+    *logged, err = result.stderr.splitlines()
+    assert all(" INFO settings: " in line for line in logged), result.stderr
+    assert err.startswith(
+        "millstream: error: input topic 'onepipe-input' of stream 'input' "
+        f"does not exist on {kafka_bootstrap}"
+    ), result.stderr
+    assert not (tmp_path / ".millstream" / "checkpoints").exists()  # no query was started
+
+
 # ---------------------------------------------------------------- a Redis with a password
 
 
