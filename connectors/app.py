@@ -30,6 +30,22 @@ from millstream.state.client import connect
 log = logging.getLogger(__name__)
 
 RESTART_WINDOW_S = 600.0
+# Spark writes two checkpoint files per micro-batch (its offset and commit logs). Its default
+# manager renames them through Hadoop's FileContext, which on a local disk asks `readlink` in a
+# child process for each file and its checksum: 62 ms per write measured on 2 cores, 17 ms
+# through the FileSystem API, whose rename of a local file is one atomic rename(2).
+LOCAL_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+
+
+def checkpoint_config(checkpoint_dir: str) -> dict[str, str]:
+    """The checkpoint file manager for a checkpoint folder on the local disk; a distributed
+    file system (hdfs:, s3a:, ...) keeps Spark's default, whose rename is atomic there."""
+    scheme = checkpoint_dir.split("://", 1)[0] if "://" in checkpoint_dir else "file"
+    if scheme != "file" and not checkpoint_dir.startswith("file:"):
+        return {}
+    return {"spark.sql.streaming.checkpointFileManagerClass": LOCAL_CHECKPOINTS}
 
 
 def spark_session(settings: Settings, app_name: str) -> Any:
@@ -44,6 +60,7 @@ def spark_session(settings: Settings, app_name: str) -> Any:
     from millstream import jvm_archive  # not at import: `python -m` runs it as a script
 
     config = dict(spark_log_config(settings.log_level))
+    config.update(checkpoint_config(settings.checkpoint_dir))
     java_options = [str(config.pop("spark.driver.extraJavaOptions", "") or "")]
     java_options += jvm_archive.java_options(settings.jvm_archive == "auto")
     if any(java_options):

@@ -571,6 +571,7 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
     from pyspark.sql import SparkSession
 
     from millstream import jvm_archive  # not at import: `python -m` runs it as a script
+    from millstream.connectors.app import LOCAL_CHECKPOINTS
 
     workdir.mkdir(parents=True, exist_ok=True)
     builder: Any = SparkSession.builder
@@ -588,6 +589,7 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
         .config("spark.python.authenticate.socketTimeout", "60s")  # as connectors.app does
         .config("spark.local.dir", str(workdir / "local"))
         .config("spark.sql.warehouse.dir", str(workdir / "warehouse"))
+        .config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINTS)  # as run
         .config("spark.driver.extraJavaOptions", " ".join(jvm_archive.java_options()))
         .getOrCreate()
     )

@@ -38,6 +38,28 @@ class MemberMemory:
     rss_bytes: int
 
 
+def _timeline(what: str, seconds: float) -> None:
+    """With MILLSTREAM_TEST_TIMELINE set to a file, each wait is appended to it as a line of
+    JSON: where a long test spends its time."""
+    path = os.environ.get("MILLSTREAM_TEST_TIMELINE")
+    if path:
+        import json
+
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+        with open(path, "a") as out:
+            out.write(
+                json.dumps(
+                    {
+                        "test": test,
+                        "at": round(time.time(), 2),
+                        "what": what,
+                        "s": round(seconds, 2),
+                    }
+                )
+                + "\n"
+            )
+
+
 class PipelineProcess:
     """One pipeline run as `argv` in a new session, its output appended to `log_path`."""
 
@@ -75,6 +97,7 @@ class PipelineProcess:
         if self.alive():
             raise RuntimeError(f"the pipeline (pid {self.pid}) is still running")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        _timeline("start", 0.0)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -126,7 +149,9 @@ class PipelineProcess:
     def wait_exit(self, timeout: float) -> int:
         """The driver's exit code (negative: killed by that signal); raises if it keeps running."""
         assert self.proc is not None
+        began = time.monotonic()
         code = self.proc.wait(timeout)
+        _timeline("exit", time.monotonic() - began)
         self._sweep()
         return code
 
@@ -181,9 +206,11 @@ class PipelineProcess:
         self, condition: Callable[[], bool], timeout: float, what: str, *, may_exit: bool = False
     ) -> None:
         """Poll `condition` every 0.25 s; fail with the log tail on timeout or an early exit."""
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         while time.monotonic() < deadline:
             if condition():
+                _timeline(what, time.monotonic() - began)
                 return
             if not may_exit and not self.alive():
                 raise AssertionError(

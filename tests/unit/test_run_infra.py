@@ -194,3 +194,25 @@ topology = Topology("onepipe")
 topology.source("input", kafka_source("onepipe-input"))
 topology.computation("count", Count(), inputs=["input"])
 """
+
+
+@pytest.mark.parametrize(
+    ("folder", "local"),
+    [
+        (".millstream/checkpoints", True),
+        ("/var/lib/app/checkpoints", True),
+        ("file:///var/lib/app/checkpoints", True),
+        ("hdfs://namenode/app/checkpoints", False),
+        ("s3a://bucket/app/checkpoints", False),
+    ],
+)
+def test_local_checkpoints_are_renamed_without_a_child_process(folder: str, local: bool) -> None:
+    """On the local disk Spark's checkpoint files go through the FileSystem API (one rename(2));
+    a distributed file system keeps Spark's default manager, atomic there."""
+    from millstream.connectors.app import LOCAL_CHECKPOINTS, checkpoint_config
+
+    config = checkpoint_config(folder)
+    if local:
+        assert config == {"spark.sql.streaming.checkpointFileManagerClass": LOCAL_CHECKPOINTS}
+    else:
+        assert config == {}
