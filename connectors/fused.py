@@ -184,7 +184,7 @@ class FusedRunner:
             )
         sources = source_options(
             self.topology, self.settings, self.endpoints, self.stages, streams, topic_inputs,
-            self._instance,
+            self._instance, self.checkpoint,
         )  # fmt: skip
         self.sources = sources
         frames = [spark.readStream.format(fmt).options(**opts).load() for fmt, opts in sources]

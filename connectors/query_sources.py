@@ -3,7 +3,9 @@ computations of other queries produce, as the `(format, options)` of each Spark 
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 from millstream.connectors.stage_plan import Stage
@@ -34,6 +36,16 @@ def tick_options(settings: Settings) -> dict[str, str]:
     }
 
 
+def start_file(checkpoint: str, source: str) -> str | None:
+    """Where a Kafka source of the query keeps its first start positions: in the query's
+    checkpoint folder, when that is on the local disk (the source runs beside the driver)."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        return None
+    folder = os.path.abspath(checkpoint.removeprefix("file://").removeprefix("file:"))
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    return os.path.join(folder, "millstream-starts", f"{digest}.json")
+
+
 def source_options(
     topology: Topology,
     settings: Settings,
@@ -42,6 +54,7 @@ def source_options(
     injected: Sequence[str],
     topic_inputs: Sequence[str],
     instance: Callable[[str], str],
+    checkpoint: str,
 ) -> list[tuple[str, dict[str, str]]]:
     """Each source, in the order the query unions them: every injector of the `injected`
     streams (its instance named by `instance(source name)`: each query reads from its own
@@ -59,6 +72,9 @@ def source_options(
             options = dict(src.options)
             if src.format == "millstream-kafka":
                 options.update(kafka_options(settings, endpoints))
+                kept = start_file(checkpoint, f"{instance(src.name)}|{options.get('topics')}")
+                if kept is not None:
+                    options["startFile"] = kept
             options.update(tick_options(settings))
             options.update(
                 {
@@ -92,6 +108,9 @@ def source_options(
             "startingOffsets": start,
             "idHeader": "ms-id",
         }
+        kept = start_file(checkpoint, f"{stream}|{options['topics']}")
+        if kept is not None:
+            options["startFile"] = kept
 
         sources.append(("millstream-kafka", options))
     return sources

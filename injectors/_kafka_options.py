@@ -37,6 +37,9 @@ OPTIONS: dict[str, str] = {
     "tickMs": "run a (possibly empty) batch at least this often (default 1000)",
     "readTimeoutMs": "fail a task that waits longer than this for its records (default 120000)",
     "throttle": "true: admit nothing while the app's throttle pauses this stream (set by a join)",
+    "startFile": "keep the first start positions in this local file (millstream run sets it in "
+    "the query's checkpoint): a query restarted before its first batch committed reads the "
+    "same records, even from latest",
 }
 
 # librdkafka settings the injector owns: offsets live in the Spark checkpoint, not in a group.
@@ -102,6 +105,7 @@ class KafkaInjectorOptions:
     tick_ms: int = 1000
     read_timeout_ms: int = 120_000
     throttle: bool = False
+    start_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaInjectorOptions:
@@ -215,6 +219,7 @@ class KafkaInjectorOptions:
             tick_ms=_int(raw, "tickMs", 1000, 1, 86_400_000),
             read_timeout_ms=_int(raw, "readTimeoutMs", 120_000, 100, 86_400_000),
             throttle=throttle == "true",
+            start_file=raw.get("startfile", "").strip() or None,
         )
 
     def client_config(self, **overrides: Any) -> dict[str, Any]:

@@ -7,8 +7,11 @@ the planner between triggers.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from millstream.errors import ConfigurationError
 from millstream.injectors._kafka_offsets import InjectorOffset, TopicPartition, allocate
@@ -157,7 +160,33 @@ class OffsetPlanner:
     # ---------------------------------------------------------------- Spark entry points
 
     def initial(self) -> InjectorOffset:
-        """Starting positions: the first record of each partition, or each partition's end."""
+        """Starting positions: the first record of each partition, or each partition's end.
+
+        Spark asks again when a query restarts before its first batch committed, and reads that
+        batch from the new answer to the end it logged: from `latest` (or after retention) a
+        new answer would skip the batch's records. With `startFile` the first answer is kept
+        and given again, as Spark's own Kafka source keeps its in the checkpoint."""
+        kept = self._kept_start()
+        if kept is not None:
+            return kept
+        start = self._first_start()
+        if self._options.start_file:
+            path = Path(self._options.start_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            temporary.write_text(json.dumps(start.to_json()))
+            os.replace(temporary, path)  # atomic: a restart finds no file or a whole one
+        return start
+
+    def _kept_start(self) -> InjectorOffset | None:
+        if not self._options.start_file:
+            return None
+        try:
+            return InjectorOffset.from_json(json.loads(Path(self._options.start_file).read_text()))
+        except FileNotFoundError:
+            return None
+
+    def _first_start(self) -> InjectorOffset:
         now = now_ms()
         tps = self._probe.partitions()
         peeks = self._probe_at({tp: EARLIEST for tp in tps})

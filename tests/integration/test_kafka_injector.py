@@ -674,3 +674,32 @@ def test_caught_up_watermark_is_the_newest_records_time_not_now_minus_slack(
     finally:
         reader.stop()
         close_consumers()  # read() ran in this process and cached a consumer here
+
+
+@pytest.mark.parametrize("starting", ["latest", "earliest"])
+def test_a_restart_before_the_first_batch_commits_starts_where_the_first_start_did(
+    kafka_bootstrap: str, new_topic: Callable[..., str], tmp_path: Path, starting: str
+) -> None:
+    """Spark asks a source for its initial offset again when the query restarts before batch
+    0 committed, and reads batch 0 from that answer to the end it logged. From `latest` a
+    second answer would start past records batch 0 was to read; with `startFile` (which
+    `millstream run` sets in the checkpoint) the second reader gives the first answer."""
+    topic = new_topic(partitions=1)
+    produce(kafka_bootstrap, topic, [(0, b"k", b"v", 1_000 + i, None) for i in range(3)])
+    options = {"bootstrap.servers": kafka_bootstrap, "topics": topic, "startingOffsets": starting}
+    kept = {**options, "startFile": str(tmp_path / "checkpoint" / "starts" / "s.json")}
+
+    def first_position(opts: dict[str, str]) -> int:
+        source = KafkaInjector(opts)
+        reader = source.streamReader(source.schema())
+        try:
+            return int(reader.initialOffset()["p"][f"{topic}:0"])
+        finally:
+            reader.stop()
+
+    first = first_position(kept)
+    assert first == (3 if starting == "latest" else 0)
+    produce(kafka_bootstrap, topic, [(0, b"k", b"v", 2_000 + i, None) for i in range(3)])
+    assert first_position(kept) == first  # the restarted query: the same start
+    if starting == "latest":
+        assert first_position(options) == 6  # without the file: past the first batch's records

@@ -134,7 +134,9 @@ def test_the_runtime_marks_kafka_and_log_file_primaries_for_the_throttle(tmp_pat
         redis_url="redis://r:6379/0", kafka_bootstrap_servers="k:9092", app="photon"
     )
     ends = Endpoints(redis_url="redis://r:6379/0", kafka={"bootstrap.servers": "k:9092"})
-    sources = source_options(topology, settings, ends, {}, ["clicks", "queries"], [], str)
+    sources = source_options(
+        topology, settings, ends, {}, ["clicks", "queries"], [], str, "/tmp/checkpoint"
+    )
     marked = {(fmt, opts["stream"]): opts.get("throttle") for fmt, opts in sources}
     assert marked == {
         ("millstream-kafka", "clicks"): "true",
