@@ -4,8 +4,8 @@ Kafka and log-file sources are read here, from the ranges in Spark's offset log 
 (written before Spark runs it), with the injector's own reader (Kafka's with warm consumers):
 the rows Spark would produce, without a Python worker per partition, the round trip through
 the JVM and the Arrow collection (0.8 s of a 1.25 s batch measured that way). Otherwise
-(batch 0, a checkpoint not on the local file system, a source of another kind), Spark reads
-them and they reach the driver once as Arrow.
+(a checkpoint not on the local file system, a source of another kind, batch 0 of a log-file
+source), Spark reads them and they reach the driver once as Arrow.
 """
 
 from __future__ import annotations
@@ -64,6 +64,20 @@ def rows_of(table: Any) -> list[tuple]:
     return list(zip(*columns, strict=True))
 
 
+def first_starts(sources: Sequence[tuple[str, dict[str, str]]]) -> list[dict] | None:
+    """Each source's initial offset as it kept it (`startFile`); None when one does not."""
+    starts = []
+    for fmt, options in sources:
+        path = options.get("startFile") if fmt == "millstream-kafka" else None
+        if path is None:
+            return None
+        try:
+            starts.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError):
+            return None
+    return starts
+
+
 class OffsetLog:
     """A query's offset log, read where the driver runs; the batch's own entry read once (the
     driver read and the end estimates both need it)."""
@@ -92,11 +106,13 @@ class OffsetLog:
         self, batch_id: int, sources: Sequence[tuple[str, dict[str, str]]]
     ) -> list[tuple[dict, dict]] | None:
         """Each source's (start, end) offsets of this batch, when every source is a Kafka or
-        log-file injector and the log can be read here; else None (Spark reads)."""
-        if batch_id == 0 or any(fmt not in DRIVER_READERS for fmt, _ in sources):
+        log-file injector and the log can be read here; else None (Spark reads). Batch 0
+        starts where each source's kept first start says (Spark's start too: the source gives
+        it as its initial offset), so every source must be a Kafka one that keeps it."""
+        if any(fmt not in DRIVER_READERS for fmt, _ in sources):
             return None
         ends = self.entry(batch_id)
-        starts = self.entry(batch_id - 1)
+        starts = self.entry(batch_id - 1) if batch_id > 0 else first_starts(sources)
         if ends is None or starts is None:
             return None
         if len(ends) != len(sources) or len(starts) != len(sources):
