@@ -28,7 +28,13 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ),
     ("MILLSTREAM_APP", "millstream", "Application name; namespaces Redis keys and Kafka topics."),
     ("MILLSTREAM_SPARK_MASTER", "local[2]", "Spark master URL."),
-    ("MILLSTREAM_CHECKPOINT_DIR", ".millstream/checkpoints", "Spark streaming checkpoints."),
+    (
+        "MILLSTREAM_CHECKPOINT_DIR",
+        ".millstream/checkpoints",
+        "Spark streaming checkpoints. A local folder's checkpoint files are renamed through "
+        "Hadoop's FileSystem API (one rename(2) each); a distributed one (hdfs://, s3a://) "
+        "keeps Spark's default manager.",
+    ),
     ("MILLSTREAM_SHARDS", "8", "Default shard (key interval) count per computation, 1-4096."),
     ("MILLSTREAM_TRIGGER_MS", "200", "Micro-batch trigger interval in milliseconds."),
     ("MILLSTREAM_MAX_RECORDS_PER_BATCH", "200000", "Admission control: records per batch."),
