@@ -214,9 +214,9 @@ class Reporter(threading.Thread):
             return
         parts = []
         for p in meta.partitions:
-            tp = TopicPartition(self.topic, p)
-            _, high = self._consumer.get_watermark_offsets(tp, timeout=5)
-            tp.offset = OFFSET_BEGINNING if from_start else high
+            tp = TopicPartition(self.topic, p, OFFSET_BEGINNING)
+            if not from_start:  # one round trip per partition: only when its end is wanted
+                tp.offset = self._consumer.get_watermark_offsets(tp, timeout=5)[1]
             parts.append(tp)
         self._consumer.assign(parts)
         self._assigned = True

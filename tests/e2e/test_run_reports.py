@@ -3,8 +3,9 @@
 without a hold) run as a user runs it, at the default log level.
 
 - A WARNING names the timestamp contract, the computation, the stream and the dead-letters
-  topic within one batch of the first dead letter (batches counted in the metrics hash the
-  runtime writes after each batch, sampled here against the log line's own time).
+  topic within one batch after the one that committed the first dead letter (batches counted
+  in the metrics hash the runtime writes after each batch, sampled here against the log
+  line's own time), and within 5 s.
 - Progress lines show each computation's counters; py4j's per-call INFO lines are gone.
 - SIGTERM ends it with exit code 0 and a one-line summary of the run.
 """
@@ -149,7 +150,9 @@ def test_run_warns_of_the_first_dead_letter_within_a_batch_and_is_quiet_otherwis
         f"first dead letter seen {first[0]:.3f}, WARNING {at:.3f} "
         f"({at - first[0]:.2f} s, {batches_between} batches later); test took {elapsed:.0f} s"
     )
-    assert batches_between <= 1, (first, at_warning[-1], message)
+    # A dead letter is committed inside its batch, before the runtime counts that batch as
+    # finished: its own end is one of these; the WARNING must come before the next one ends.
+    assert batches_between <= 2, (first, at_warning[-1], message)
     assert at - first[0] < 5.0, (first, at)
 
     warnings = [m for _, level, m in _lines(log) if level == "WARNING" and "dead-lettered" in m]

@@ -58,6 +58,7 @@ def test_in_flight_records_in_partition_6_of_8_hold_the_consumer(
     topology = Topology(app).source("events", kafka_source(f"{app}.events"))
     topology.computation("up", Noop(), inputs={"events": json_field("k")}, outputs=["mid"])
     topology.computation("down", Noop(), inputs={"mid": json_field("k")})
+    kafka_topic_factory(partitions=2, name=f"{app}.events")  # inputs must exist
     kafka_topic_factory(partitions=8, name=topology.topic_of("mid"))
     settings = Settings(redis_url=redis_url, kafka_bootstrap_servers=kafka_bootstrap, app=app)
     ends = Endpoints(redis_url=redis_url, kafka={"bootstrap.servers": kafka_bootstrap})
