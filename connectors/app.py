@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from millstream.connectors.driver_read import local_folder
 from millstream.connectors.fused import FusedRunner
 from millstream.connectors.segments import Segment, SegmentLayout, plan_segments
 from millstream.connectors.standby import Heartbeat
@@ -42,8 +43,7 @@ LOCAL_CHECKPOINTS = (
 def checkpoint_config(checkpoint_dir: str) -> dict[str, str]:
     """The checkpoint file manager for a checkpoint folder on the local disk; a distributed
     file system (hdfs:, s3a:, ...) keeps Spark's default, whose rename is atomic there."""
-    scheme = checkpoint_dir.split("://", 1)[0] if "://" in checkpoint_dir else "file"
-    if scheme != "file" and not checkpoint_dir.startswith("file:"):
+    if local_folder(checkpoint_dir) is None:
         return {}
     return {"spark.sql.streaming.checkpointFileManagerClass": LOCAL_CHECKPOINTS}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,14 @@ def rows_of(table: Any) -> list[tuple]:
         for items in columns[headers]
     ]
     return list(zip(*columns, strict=True))
+
+
+def local_folder(checkpoint: str) -> str | None:
+    """The folder of a checkpoint on this machine's disk (a path or a file: URL); None for a
+    distributed file system (hdfs://, s3a://, ...)."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        return None
+    return os.path.abspath(checkpoint.removeprefix("file://").removeprefix("file:"))
 
 
 def first_starts(sources: Sequence[tuple[str, dict[str, str]]]) -> list[dict] | None:

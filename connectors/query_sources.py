@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 
+from millstream.connectors.driver_read import local_folder
 from millstream.connectors.stage_plan import Stage
 from millstream.connectors.targets import Endpoints
 from millstream.connectors.topology import Topology
@@ -39,9 +40,9 @@ def tick_options(settings: Settings) -> dict[str, str]:
 def start_file(checkpoint: str, source: str) -> str | None:
     """Where a Kafka source of the query keeps its first start positions: in the query's
     checkpoint folder, when that is on the local disk (the source runs beside the driver)."""
-    if "://" in checkpoint and not checkpoint.startswith("file:"):
+    folder = local_folder(checkpoint)
+    if folder is None:
         return None
-    folder = os.path.abspath(checkpoint.removeprefix("file://").removeprefix("file:"))
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     return os.path.join(folder, "millstream-starts", f"{digest}.json")
 
