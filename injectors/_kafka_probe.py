@@ -14,7 +14,10 @@ How end offsets are learned, and why:
 * `fetch.wait.max.ms` starts at 1 ms (0 can leave an empty fetch unanswered). A broker may
   never answer a fetch it cannot assemble within that wait, so when a fetch goes unanswered for
   ESCALATE_AFTER_S the probe rebuilds its consumer with the next longer wait in FETCH_WAITS_MS
-  and keeps it. The wait it escalated to is remembered in the application's Redis (hash
+  and keeps it. ESCALATE_AFTER_S is short for the first step (a dropped fetch stalls every
+  stage's watermark while it waits: 3 s here made the bench's multi-second stalls, and a
+  25 ms wait costs at most 25 ms per probe of a caught-up partition) and long for the second
+  (250 ms per such probe, only on strong evidence). The wait it escalated to is remembered in the application's Redis (hash
   `ms:{app}:kafka-probe`, field = bootstrap servers): a restart starts there instead of
   stalling ESCALATE_AFTER_S per injector again to learn the same broker's manner (measured on
   the embedded broker: a 3 s stall per Kafka source in about a third of the starts).
@@ -64,7 +67,9 @@ EARLIEST = OFFSET_BEGINNING  # a logical offset: "the first record" (ListOffsets
 METADATA_REFRESH_S = 30.0
 PROBE_TIMEOUT_S = 30.0
 FETCH_WAITS_MS = (1, 25, 250)  # fetch.wait.max.ms of the probe, escalated when unanswered
-ESCALATE_AFTER_S = 3.0
+# How long a fetch at FETCH_WAITS_MS[i] may go unanswered before escalating to [i + 1]. A
+# fetch is answered in 1-5 ms on loopback, so even a loaded machine rarely escalates wrongly.
+ESCALATE_AFTER_S = (0.5, 2.0)
 # Offsets before an end offset searched for its last record: the last offsets of a partition
 # written by transactional producers are commit markers (one per transaction and producer).
 LOOKBACK = 16
@@ -244,7 +249,7 @@ class PartitionProbe:
         deadline = time.monotonic() + PROBE_TIMEOUT_S
         while True:
             last = _wait_level == len(FETCH_WAITS_MS) - 1
-            patience = deadline if last else time.monotonic() + ESCALATE_AFTER_S
+            patience = deadline if last else time.monotonic() + ESCALATE_AFTER_S[_wait_level]
             seen = fetch(min(patience, deadline))
             if len(seen) == len(at):
                 return seen
@@ -257,11 +262,11 @@ class PartitionProbe:
                 )
             _wait_level += 1
             log.warning(
-                "injector %s: a %d ms fetch went unanswered for %.0f s (a slow broker drops "
+                "injector %s: a %d ms fetch went unanswered for %.1f s (a slow broker drops "
                 "such fetches); probing with fetch.wait.max.ms=%d from now on",
                 self._options.stream,
                 FETCH_WAITS_MS[_wait_level - 1],
-                ESCALATE_AFTER_S,
+                ESCALATE_AFTER_S[_wait_level - 1],
                 FETCH_WAITS_MS[_wait_level],
             )
             self._remember_level()

@@ -56,7 +56,11 @@ _IDLE: dict[tuple[tuple[str, str], ...], list[Consumer]] = {}
 # fetch.wait.max.ms of readers, escalated (for this process) when a fetch of records that exist
 # goes unanswered: a broker may drop fetches it cannot assemble in time (see _kafka_probe).
 READ_WAITS_MS = (10, 100, 500)
-ESCALATE_AFTER_S = 3.0
+# How long a read at READ_WAITS_MS[i] may see nothing before escalating to [i + 1]: short for
+# the cheap first step, since the batch waits meanwhile; longer for the second, as a reader
+# under read_committed also sees nothing while a producer's transaction is open.
+ESCALATE_AFTER_S = (1.0, 3.0)
+QUIET_POLL_S = 0.25  # how often a reader that sees nothing checks its patience
 _wait_level = 0
 _EXTRACTORS: dict[tuple[str, str], Extractor] = {}
 _LOCK = threading.Lock()
@@ -395,20 +399,31 @@ def _derived_id(message: Any) -> bytes:
     return derived_id(message.topic(), message.partition(), message.offset())
 
 
+def _level_of(key: tuple[tuple[str, str], ...]) -> int:
+    """The READ_WAITS_MS index a consumer of configuration `key` was built with."""
+    return READ_WAITS_MS.index(int(dict(key)["fetch.wait.max.ms"]))
+
+
 def _escalate(
-    options: KafkaInjectorOptions, consumer: Consumer, where: str
+    options: KafkaInjectorOptions, consumer: Consumer, where: str, seen: int
 ) -> tuple[tuple[tuple[str, str], ...], Consumer]:
-    """Replace the consumer by one with the next longer fetch wait (kept for this process)."""
+    """Replace the consumer by one with the wait after `seen`, the level this read waited at
+    (kept for this process). Reads that waited at one level together escalate it once: two
+    partitions' reads stalled by one broker hiccup moved a reader from 10 to 500 ms at once."""
     global _wait_level
     _discard(consumer)
     with _LOCK:
-        _wait_level = min(_wait_level + 1, len(READ_WAITS_MS) - 1)
+        first = _wait_level == seen  # else another read escalated it meanwhile
+        if first:
+            _wait_level = min(seen + 1, len(READ_WAITS_MS) - 1)
+    if not first:
+        return _consumer(options)
     log.warning(
-        "reading %s: fetches went unanswered for %.0f s (a slow broker drops fetches it cannot "
+        "reading %s: fetches went unanswered for %.1f s (a slow broker drops fetches it cannot "
         "assemble in time); reading with fetch.wait.max.ms=%d from now on",
         where,
-        ESCALATE_AFTER_S,
-        READ_WAITS_MS[_wait_level],
+        ESCALATE_AFTER_S[seen],
+        READ_WAITS_MS[seen + 1],
     )
     return _consumer(options)
 
@@ -448,11 +463,12 @@ def _read_columns(options: KafkaInjectorOptions, part: KafkaRange) -> Iterator[_
         done = False
         last_progress = time.monotonic()
         while not done:
-            messages = next_events(consumer, CONSUME_CHUNK, 1.0)
+            messages = next_events(consumer, CONSUME_CHUNK, QUIET_POLL_S)
             if not messages:
                 quiet = time.monotonic() - last_progress
-                if quiet > ESCALATE_AFTER_S and _wait_level < len(READ_WAITS_MS) - 1:
-                    key, consumer = _escalate(options, consumer, where)
+                level = _level_of(key)  # the wait this consumer fetches with
+                if level < len(READ_WAITS_MS) - 1 and quiet > ESCALATE_AFTER_S[level]:
+                    key, consumer = _escalate(options, consumer, where, level)
                     consumer.assign([KafkaTP(part.topic, part.partition, position)])
                     last_progress = time.monotonic()
                     continue

@@ -1,0 +1,80 @@
+"""How long a dropped fetch may stall an injector before it moves to a longer fetch wait.
+
+A broker that drops short fetches (the embedded one, under load) held every stage's watermark
+for 3 s per drop; the bench's multi-second stalls came from it. The policy is pure: the probe's
+`_answered` takes the fetch as a callable, and a reader's escalation is a module-level level.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from millstream.injectors import _kafka_probe, _kafka_read
+from millstream.injectors._kafka_options import KafkaInjectorOptions
+
+OPTIONS = KafkaInjectorOptions(bootstrap_servers="127.0.0.1:1", topics=("t",), stream="s")
+TP = ("t", 0)
+
+
+@pytest.fixture(autouse=True)
+def _levels() -> Iterator[None]:
+    probe, read = _kafka_probe._wait_level, _kafka_read._wait_level
+    _kafka_probe._wait_level = _kafka_read._wait_level = 0
+    yield
+    _kafka_probe._wait_level, _kafka_read._wait_level = probe, read
+
+
+def test_a_dropped_probe_fetch_escalates_after_half_a_second_not_three() -> None:
+    probe = _kafka_probe.PartitionProbe(OPTIONS)
+    waits: list[int] = []
+
+    def fetch(deadline: float) -> dict[Any, Any]:
+        """A broker that never answers a 1 ms fetch and answers a 25 ms one at once."""
+        waits.append(_kafka_probe.FETCH_WAITS_MS[_kafka_probe._wait_level])
+        if _kafka_probe._wait_level == 0:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return {}
+        return {TP: "answer"}
+
+    started = time.monotonic()
+    assert probe._answered({TP: 0}, fetch) == {TP: "answer"}
+    stalled = time.monotonic() - started
+    assert waits == [1, 25]
+    assert _kafka_probe._wait_level == 1
+    assert 0.45 <= stalled < 1.0, stalled
+
+
+def test_the_costly_second_probe_escalation_needs_longer_evidence() -> None:
+    assert _kafka_probe.ESCALATE_AFTER_S[1] > _kafka_probe.ESCALATE_AFTER_S[0]
+    assert len(_kafka_probe.ESCALATE_AFTER_S) == len(_kafka_probe.FETCH_WAITS_MS) - 1
+    assert len(_kafka_read.ESCALATE_AFTER_S) == len(_kafka_read.READ_WAITS_MS) - 1
+
+
+def test_reads_stalled_together_escalate_the_fetch_wait_one_step() -> None:
+    """Two partitions' reads that waited at 10 ms both escalate: the wait becomes 100 ms, not
+    500 ms (seen in a chaos run: one broker hiccup, 10 -> 500 ms for the rest of the run)."""
+    built = [_kafka_read._consumer(OPTIONS) for _ in range(2)]
+    seen = [_kafka_read._level_of(key) for key, _ in built]
+    assert seen == [0, 0]
+    out: list[Any] = []
+    threads = [
+        threading.Thread(
+            target=lambda c=consumer, s=level: out.append(
+                _kafka_read._escalate(OPTIONS, c, "t:0 [0, 1)", s)
+            )
+        )
+        for (_, consumer), level in zip(built, seen, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert _kafka_read._wait_level == 1
+    assert [_kafka_read._level_of(key) for key, _ in out] == [1, 1]
+    for _, consumer in out:
+        consumer.close()
