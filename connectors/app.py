@@ -6,6 +6,7 @@ A small function wires the layers; no god object. Stops cleanly on Ctrl-C or SIG
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -25,7 +26,7 @@ from millstream.connectors.topology import Topology
 from millstream.errors import ConfigurationError, MillstreamError
 from millstream.injectors.sources import KAFKA_FORMAT
 from millstream.logs import configure_logging, spark_log_config, spark_log_level
-from millstream.settings import Settings
+from millstream.settings import DEFAULT_APP, Settings
 from millstream.state.client import connect
 
 log = logging.getLogger(__name__)
@@ -310,6 +311,26 @@ class Application:
                 runner.query.stop()
 
 
+def _named_by(settings: Settings, topology: Topology) -> Settings:
+    """The settings with the application the topology names: `Topology(app)` decides what a
+    run's Redis keys and topics are called, MILLSTREAM_APP only what the CLI's tools (status,
+    state, reset, dead-letters) look at by default. A different MILLSTREAM_APP is a warning:
+    those tools would then look at an application this run never writes."""
+    if settings.app == topology.app:
+        return settings
+    if settings.app != DEFAULT_APP:
+        log.warning(
+            "MILLSTREAM_APP=%s is not this run's application: the topology names it %r "
+            "(Topology(%r)), and its Redis keys and topics use that name. Set MILLSTREAM_APP=%s "
+            "for the CLI's tools, or rename the topology.",
+            settings.app,
+            topology.app,
+            topology.app,
+            topology.app,
+        )
+    return dataclasses.replace(settings, app=topology.app)
+
+
 def run(
     topology: Topology,
     settings: Settings | None = None,
@@ -329,6 +350,7 @@ def run(
 
     settings = settings or Settings.from_env()
     configure_logging(settings.log_level)
+    settings = _named_by(settings, topology)
     stop = threading.Event()
 
     def _signal(signum: int, _frame: Any) -> None:

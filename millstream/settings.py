@@ -14,6 +14,8 @@ from millstream.errors import ConfigurationError
 
 T = TypeVar("T")
 
+DEFAULT_APP = "millstream"
+
 # (variable, default shown in the README, meaning); the README table is checked against this.
 VARIABLES: tuple[tuple[str, str, str], ...] = (
     (
@@ -26,7 +28,12 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "(required by run)",
         "Redis URL: redis://, rediss:// (TLS) or unix://. Unset: see MILLSTREAM_EMBEDDED.",
     ),
-    ("MILLSTREAM_APP", "millstream", "Application name; namespaces Redis keys and Kafka topics."),
+    (
+        "MILLSTREAM_APP",
+        "millstream",
+        "Application name the CLI's tools (status, state, reset, dead-letters) look at; "
+        "`millstream run` uses the name its Topology gives.",
+    ),
     ("MILLSTREAM_SPARK_MASTER", "local[2]", "Spark master URL."),
     (
         "MILLSTREAM_CHECKPOINT_DIR",
@@ -256,7 +263,7 @@ class Settings:
 
     kafka_bootstrap_servers: str | None = None
     redis_url: str | None = None
-    app: str = "millstream"
+    app: str = DEFAULT_APP
     spark_master: str = "local[2]"
     checkpoint_dir: str = ".millstream/checkpoints"
     shards: int = 8
@@ -305,7 +312,7 @@ class Settings:
             )
         redis_url = env.get("REDIS_URL") or None
         bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS") or None
-        app = env.get("MILLSTREAM_APP", "millstream")
+        app = env.get("MILLSTREAM_APP", DEFAULT_APP)
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", app):
             raise ConfigurationError(
                 f"MILLSTREAM_APP={app!r} is invalid: use 1-64 letters, digits, '_', '.' or '-'."

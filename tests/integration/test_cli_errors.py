@@ -163,14 +163,24 @@ def test_run_with_a_missing_input_topic_stops_before_spark(
     redis_url: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """A typo in an input topic is one line naming topic and stream, before any JVM starts:
-    the query used to fail four times with Spark's stack traces before the run gave up."""
+    the query used to fail four times with Spark's stack traces before the run gave up.
+
+    MILLSTREAM_APP differs from the topology's name on purpose: the run says which one it
+    uses (the topology's) and warns that the CLI's tools would look at the other."""
     (tmp_path / "onepipe.py").write_text(PIPELINE)
-    env = {"REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    env = {
+        "REDIS_URL": redis_url,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "MILLSTREAM_APP": "elsewhere",
+    }
     result = millstream(["run", "onepipe:topology"], env, tmp_path)
     assert result.returncode == 2, result.stderr
-    # The run's INFO line with its settings comes first; then the error, and nothing else.
-    *logged, err = result.stderr.splitlines()
-    assert all(" INFO settings: " in line for line in logged), result.stderr
+    # The warning about the name, the run's INFO line with its settings, then the error, and
+    # nothing else.
+    warned, settings, err = result.stderr.splitlines()
+    assert " WARNING MILLSTREAM_APP=elsewhere is not this run's application" in warned, warned
+    assert "the topology names it 'onepipe'" in warned, warned
+    assert " INFO settings: " in settings and " app=onepipe " in settings, settings
     assert err.startswith(
         "millstream: error: input topic 'onepipe-input' of stream 'input' "
         f"does not exist on {kafka_bootstrap}"
