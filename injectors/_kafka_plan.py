@@ -115,8 +115,9 @@ class OffsetPlanner:
         now: int,
     ) -> dict[TopicPartition, Watermark | None]:
         """The last record's times below each caught-up partition's end offset. Known without
-        a fetch when the end did not move since the last batch, or when step 1's peek found
-        the record at `end - 1` (one new record); the rest in one probe."""
+        a fetch when the end did not move since the last batch, or when step 1's fetch brought
+        the record at `end - 1` (as its first record, or in the same response: `Peek.last`);
+        the rest in one probe."""
         out: dict[TopicPartition, Watermark | None] = {}
         need: dict[TopicPartition, int] = {}
         for tp, end in ends.items():
@@ -126,6 +127,8 @@ class OffsetPlanner:
                 out[tp] = cached[1]
             elif peek is not None and peek.offset is not None and peek.offset == end - 1:
                 out[tp] = self._last_times(peek, now)
+            elif peek is not None and peek.last is not None and peek.last.offset == end - 1:
+                out[tp] = self._last_times(peek.last, now)
             else:
                 need[tp] = end
         if need:

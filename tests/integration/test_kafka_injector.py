@@ -703,3 +703,47 @@ def test_a_restart_before_the_first_batch_commits_starts_where_the_first_start_d
     assert first_position(kept) == first  # the restarted query: the same start
     if starting == "latest":
         assert first_position(options) == 6  # without the file: past the first batch's records
+
+
+def test_a_probe_brings_the_record_below_the_end_that_last_records_finds(
+    kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """The probe's fetch also carries the record just below the high watermark (`Peek.last`),
+    which a caught-up partition's estimate needs: the same record `last_records` finds with a
+    second round trip, so the planner can skip that trip. Ground truth: the producer's
+    delivery reports and the timestamps it wrote."""
+    from millstream.injectors._kafka_options import KafkaInjectorOptions
+    from millstream.injectors._kafka_probe import PartitionProbe
+
+    topic = new_topic(partitions=3)
+    base = int(time.time() * 1000) - 60_000
+    written = produce(
+        kafka_bootstrap,
+        topic,
+        [(0, b"k", b"v%d" % i, base + i, None) for i in range(6)]
+        + [(1, b"k", b"only", base + 100, None)],
+    )
+    assert sorted(written) == [(0, i) for i in range(6)] + [(1, 0)]
+    options = KafkaInjectorOptions(bootstrap_servers=kafka_bootstrap, topics=(topic,), stream="s")
+    probe = PartitionProbe(options)
+    try:
+        peeks = probe.probe({(topic, 0): 2, (topic, 1): 0, (topic, 2): 0})
+        several, one, empty = peeks[(topic, 0)], peeks[(topic, 1)], peeks[(topic, 2)]
+        assert (several.offset, several.high, several.timestamp) == (2, 6, base + 2)
+        assert several.last is not None
+        assert (several.last.offset, several.last.value, several.last.timestamp) == (
+            5,
+            b"v5",
+            base + 5,
+        )
+        assert (one.offset, one.high) == (0, 1)
+        assert one.last is not None and one.last.offset == 0 and one.last.value == b"only"
+        assert (empty.offset, empty.high, empty.last) == (None, 0, None)
+        # A probe at the end sees no record, so it brings no last record either.
+        at_end = probe.probe({(topic, 0): 6})[(topic, 0)]
+        assert (at_end.offset, at_end.high, at_end.last) == (None, 6, None)
+        found = probe.last_records({(topic, 0): 6, (topic, 1): 1})
+        assert (found[(topic, 0)].offset, found[(topic, 0)].value) == (5, b"v5")
+        assert (found[(topic, 1)].offset, found[(topic, 1)].value) == (0, b"only")
+    finally:
+        probe.close()

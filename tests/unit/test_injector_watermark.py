@@ -247,6 +247,7 @@ class LogProbe:
         self.log = log
         self.probes: list[dict[tuple[str, int], int]] = []
         self.lasts: list[dict[tuple[str, int], int]] = []
+        self.brings_last = False  # the probe's fetch also holds the record at high - 1
 
     def partitions(self) -> list[tuple[str, int]]:
         return sorted(self.log)
@@ -262,7 +263,16 @@ class LogProbe:
             if nxt is None:
                 out[tp] = Peek(high=max(high, start), offset=None)
             else:
-                out[tp] = Peek(high=high, offset=nxt[0], timestamp=nxt[1], key=b"k", value=b"v")
+                o, ts = records[-1]
+                last = Peek(high=high, offset=o, timestamp=ts, key=b"k", value=b"v")
+                out[tp] = Peek(
+                    high=high,
+                    offset=nxt[0],
+                    timestamp=nxt[1],
+                    key=b"k",
+                    value=b"v",
+                    last=last if self.brings_last else None,
+                )
         return out
 
     def last_records(self, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
@@ -418,6 +428,15 @@ def test_planner_caught_up_watermark_is_the_newest_record_not_the_idle_bound() -
     several = plan.latest(one, limit=None)
     assert several is not None and several.watermark == Watermark(t - 20, t - 20)
     assert log.lasts[-1] == {("t", 0): 6}
+    # Several new records that came in the probe's own fetch (`Peek.last`): no second probe,
+    # the same estimate as from it.
+    log.brings_last = True
+    log.log[("t", 0)].extend([(6, t - 8), (7, t - 5)])
+    log.log[("t", 1)].extend([(2, t - 9), (3, t - 6)])
+    brought = plan.latest(several, limit=None)
+    assert brought is not None and brought.positions == {("t", 0): 8, ("t", 1): 4}
+    assert brought.watermark == Watermark(t - 6, t - 6)
+    assert len(log.lasts) == 2
 
 
 def test_planner_quiet_partition_and_timestamp_extractor() -> None:
