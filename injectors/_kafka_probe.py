@@ -17,7 +17,8 @@ How end offsets are learned, and why:
   and keeps it. ESCALATE_AFTER_S is short for the first step (a dropped fetch stalls every
   stage's watermark while it waits: 3 s here made the bench's multi-second stalls, and a
   25 ms wait costs at most 25 ms per probe of a caught-up partition) and long for the second
-  (250 ms per such probe, only on strong evidence). The wait it escalated to is remembered in the application's Redis (hash
+  (250 ms per such probe, only on strong evidence). The wait it escalated to is remembered in
+  the application's Redis (hash
   `ms:{app}:kafka-probe`, field = bootstrap servers): a restart starts there instead of
   stalling ESCALATE_AFTER_S per injector again to learn the same broker's manner (measured on
   the embedded broker: a 3 s stall per Kafka source in about a third of the starts).
@@ -28,7 +29,8 @@ How end offsets are learned, and why:
   does, and skip aborted records and markers (see `_kafka_read`).
 * A caught-up partition's estimate also uses its last record below the batch's end offset
   (see `watermark`). The probe's own fetch usually brings it (`Peek.last`); when it did not,
-  `last_records` fetches LOOKBACK offsets before the end and reads up to the end. Why this is right on Apache Kafka, not only here: the end offset of a caught-up
+  `last_records` fetches LOOKBACK offsets before the end and reads up to the end. Why this is
+  right on Apache Kafka, not only here: the end offset of a caught-up
   partition is a high watermark a Fetch reported; a Kafka consumer is never handed a record
   above the high watermark, and the offsets below it are committed to every in-sync replica
   and never rewritten (an append-only log; a new leader keeps them). So the records this
