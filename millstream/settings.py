@@ -30,7 +30,7 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "MILLSTREAM_APP",
-        "millstream",
+        DEFAULT_APP,
         "Application name the CLI's tools (status, state, reset, dead-letters) look at; "
         "`millstream run` uses the name its Topology gives.",
     ),
