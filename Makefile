@@ -2,6 +2,9 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# pytest workers for `make test` (pytest-xdist; 0 runs in one process). The suite waits on
+# brokers and pipeline start-ups more than it computes: two workers share two cores well.
+TEST_WORKERS ?= 2
 DURATION ?= 600
 BENCH_ARGS ?=
 
@@ -24,7 +27,7 @@ typecheck: setup ## mypy on the package, laid out as installed (see scripts/type
 	$(BIN)/python scripts/typecheck.py
 
 test: setup lint typecheck ## Lint, type check and the full pytest suite
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 unit: setup ## Only the fast unit tests
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

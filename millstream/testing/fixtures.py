@@ -86,6 +86,21 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return [f"millstream infra: unavailable: {exc}"]
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist a worker hands the services it used to the controller's summary."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["millstream_infra_used"] = dict(session.config.stash.get(_USED, {}))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist's controller: collect what each worker's fixtures started."""
+    used = getattr(node, "workeroutput", {}).get("millstream_infra_used", {})
+    for service, label in used.items():
+        _record(node.config, service, label)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     used = config.stash.get(_USED, {})
     if used:
