@@ -90,7 +90,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Under pytest-xdist a worker hands the services it used to the controller's summary."""
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
-        output["millstream_infra_used"] = dict(session.config.stash.get(_USED, {}))
+        used = session.config.stash.setdefault(_USED, {})
+        output["millstream_infra_used"] = dict(used)
 
 
 @pytest.hookimpl(optionalhook=True)
