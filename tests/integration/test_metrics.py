@@ -207,7 +207,11 @@ def test_status_watch_redraws_until_ctrl_c(
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.1)
         redis_client.hset(ShardKeys(redis_namespace, "tally", 1).counters, "records", 105)
-        time.sleep(1.0)
+        # A redraw after the write shows it; wait for one (a loaded machine redraws slowly).
+        deadline = time.monotonic() + 30
+        while "records 111," not in out.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)
     finally:
