@@ -3,7 +3,7 @@
 Every scenario shares one embedded Redis and one embedded broker (or REDIS_URL /
 KAFKA_BOOTSTRAP_SERVERS when set) and writes `<scenario>.json` (plus PNGs) into `--output`;
 the run writes `machine.json` (hardware, versions, the exact command line), `summary.json` and
-`targets.json` (issue #16's targets, judged on this run's figures only).
+`targets.json` (the issues' targets, judged on this run's figures only).
 Pipelines run as subprocesses; their logs stay under `.millstream/bench/runs/`.
 """
 
@@ -48,7 +48,8 @@ measured):
   is idle and its watermark is now - `MILLSTREAM_IDLE_SLACK_MS` (the default 2 s in the
   latency scenario, 0.5 s in the watermarks scenario), which bounds window latency from below.
   Quix closes a key's window when a later record reaches the partition.
-- `targets.json`: issue #16's targets, judged on this run's figures only; beside each, the
+- `targets.json`: the issues' targets (#16's medians, #24's lifted window count, #25's tails
+  and memory, #28's join), judged on this run's figures only; beside #16's, the
   removed per-computation queries runtime's value as recorded in `benchmarks/results/fused-ab`
   (`baseline`; another run, so its seconds and megabytes carry that run's load). The peak RSS
   goal is the issue's "today's" (2,687 MB). A target whose scenario did not run says
@@ -67,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Run the benchmark scenarios: millstream (every application one fused query; "
         "exactly-once on and off) against the Spark foreachBatch floor, plain Spark and Quix "
         "Streams. Writes each scenario's JSON and PNGs, machine.json, summary.json and "
-        "targets.json (issue #16's targets on this run's figures, beside the removed "
+        "targets.json (the issues' targets on this run's figures, #16's beside the removed "
         "per-computation queries runtime's recorded in benchmarks/results/fused-ab) into "
         "--output."
     )
@@ -209,7 +210,7 @@ def report(output: Path, machine: dict[str, Any], summary: dict[str, Any], image
 
         entries = json.loads(targets_file.read_text())
         lines += [
-            "## Targets (issue #16; `targets.json`)",
+            "## Targets (issues #16, #24, #25, #28; `targets.json`)",
             "",
             table(entries),
             "",

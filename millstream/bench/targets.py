@@ -37,6 +37,9 @@ Issue #28's, from the `join` scenario (no baseline: the join came after the quer
   active-active reported beside it);
 - registry round trips per shard batch = 1 in both runs, whatever the clicks per batch;
 - no click output twice in the latency run.
+
+Issue #25's (tails, memory against the Spark floor) are in `tail_targets`; issue #24's lifted
+window count (>= 2.0x Quix Streams) is judged with the throughput target.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from millstream.bench.catalog_memory import catalog_target
+from millstream.bench.tail_targets import tail_targets
 
 OFF_KEY = "millstream_driver_read_off"  # latency and watermarks results of --driver-read ab
 READ_OFF_ROW = "millstream-eo-read-off"  # the throughput row of --driver-read ab
@@ -568,6 +572,12 @@ def compute(results: Mapping[str, Any], failed: Collection[str] = ()) -> list[di
         rss_target(results, failed),
         *join_targets(results.get("join"), failed),
         catalog_target(results.get("dedup"), _why_absent("dedup", failed), _entry, _absent),
+        *(
+            _with_off(e, _main_read(results), None) if "driver_read" not in e else e
+            for e in tail_targets(
+                results, rss_by_pipeline(results), failed, _why_absent, _entry, _absent
+            )
+        ),
     ]
 
 

@@ -121,7 +121,7 @@ def test_one_entry_per_target_with_the_required_fields() -> None:
             "throughput": throughput(),
         }
     )
-    assert len(entries) == 13
+    assert len(entries) == 21
     for e in entries:
         assert {"name", "measured", "goal", "met", "detail", "baseline", "baseline_source"} <= (
             e.keys()
@@ -256,7 +256,7 @@ def test_peak_rss_is_judged_against_the_issues_figure_with_the_recorded_baseline
 
 def test_targets_of_scenarios_not_run_are_null_never_invented() -> None:
     entries = targets.compute({"dedup": {"rows": []}})
-    assert len(entries) == 13
+    assert len(entries) == 21
     for e in entries:
         assert e["measured"] is None and e["met"] is None
         assert e["detail"].startswith("not measured in this run")
@@ -653,3 +653,57 @@ def test_the_join_targets_judge_latency_throughput_and_the_gates_round_trips() -
     slow = missed["click -> joined output p50 at 1,000 clicks/s"]
     assert slow["met"] is False and "(run at 300/s)" in slow["detail"]
     assert "Missed by 0.5 s" in slow["detail"]
+
+
+def test_issue_25_tails_and_memory_are_judged_on_a_recorded_run() -> None:
+    """The settle-early run's own figures (its latency.json and watermarks.json), judged by
+    hand here: every #25 target missed there, each by the figure the issue names."""
+    from millstream.bench import tail_targets as tail
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "settle-early"
+    results = {
+        name: json.loads((folder / f"{name}.json").read_text())
+        for name in ("latency", "watermarks")
+    }
+    entries = by_name(targets.compute(results))
+    expected = {
+        tail.WINDOW_NAME.format(rate="1000"): 2.436 - 0.484,
+        tail.WINDOW_NAME.format(rate="5000"): 2.9 - 1.814,
+        tail.P99_NAME.format(rate="1000"): 5.139 / 0.484,
+        tail.P99_NAME.format(rate="5000"): 5.529 / 1.814,
+        tail.FLOOR_NAME: 1.814 / 0.716,
+        tail.LAG_MEDIAN_NAME: 0.964,
+        tail.LAG_P95_NAME: 4.88,
+        tail.RSS_NAME: 2035.5 / 1646.8,
+    }
+    for name, value in expected.items():
+        entry = entries[name]
+        assert entry["measured"] == pytest.approx(value, abs=0.001), name
+        assert entry["met"] is False, name
+        assert "Missed by" in entry["detail"]
+    window = entries[tail.WINDOW_NAME.format(rate="1000")]
+    assert window["ratio_to_quix"] == pytest.approx(2.436 / 0.167, abs=0.001)
+    assert "latency, window counter 2036 MB" in entries[tail.RSS_NAME]["detail"]
+
+
+def test_issue_25_targets_met_and_not_measured() -> None:
+    from millstream.bench import tail_targets as tail
+
+    quick = latency(record=1.0, window=1.2, floor=0.9)
+    quick["millstream"]["record_eo"]["1000"]["p99"] = 2.5  # within 3x the p50
+    entries = by_name(
+        targets.compute({"latency": quick, "watermarks": watermarks((0.4, 0.4, 0.45))})
+    )
+    assert entries[tail.WINDOW_NAME.format(rate="1000")]["met"] is True
+    assert entries[tail.P99_NAME.format(rate="1000")]["met"] is True
+    assert entries[tail.LAG_MEDIAN_NAME]["measured"] == 0.45  # the worst stage
+    assert entries[tail.LAG_MEDIAN_NAME]["met"] is True
+    assert entries[tail.LAG_P95_NAME]["met"] is True  # the canned p95 is the median
+    # Largest pipeline 1800 MB (the pass-throughs) against the floor's 2400 MB.
+    assert entries[tail.RSS_NAME]["measured"] == 0.75 and entries[tail.RSS_NAME]["met"] is True
+    # The canned latency run has no 5,000 events/s figures: not judged, never invented.
+    assert entries[tail.FLOOR_NAME]["measured"] is None
+    assert entries[tail.FLOOR_NAME]["met"] is None
+    missing = by_name(targets.compute({}, failed=["watermarks"]))
+    assert "the watermarks scenario failed" in missing[tail.LAG_P95_NAME]["detail"]
+    assert "was not run" in missing[tail.RSS_NAME]["detail"]
