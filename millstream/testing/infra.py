@@ -481,7 +481,8 @@ def delete_topics(bootstrap: str, topics: list[str], timeout: float = 10.0) -> N
 
 @dataclass(kw_only=True)
 class RedisClusterHandle:
-    """Three (or more) masters, no replicas. `url` names one node; clients discover the rest."""
+    """Three (or more) masters (replicas when asked for). `url` names one node; clients
+    discover the rest."""
 
     kind: Kind
     url: str
@@ -509,9 +510,14 @@ def _cluster_ok(node: str) -> bool:
 
 
 def start_redis_cluster(
-    workdir: Path, masters: int = 3, environ: Mapping[str, str] | None = None
+    workdir: Path,
+    masters: int = 3,
+    environ: Mapping[str, str] | None = None,
+    *,
+    replicas: int = 0,
 ) -> RedisClusterHandle:
-    """MILLSTREAM_TEST_REDIS_CLUSTER_URL if set, else `masters` local redis-server processes."""
+    """MILLSTREAM_TEST_REDIS_CLUSTER_URL if set, else `masters` local redis-server processes,
+    each with `replicas` replicas (a failover test promotes one); `nodes` lists every node."""
     env = os.environ if environ is None else environ
     given = env.get("MILLSTREAM_TEST_REDIS_CLUSTER_URL")
     if given:
@@ -526,7 +532,7 @@ def start_redis_cluster(
     cli = _redis_cli_bin()
     processes: list[RedisService] = []
     try:
-        for _ in range(masters):
+        for _ in range(masters * (1 + replicas)):
             # The bus port defaults to port+10000, which may be taken or exceed 65535: pick it too.
             args = [
                 "--cluster-enabled", "yes", "--cluster-port", str(free_port()),
@@ -537,7 +543,15 @@ def start_redis_cluster(
             processes.append(proc)
         nodes = [f"{HOST}:{p.port}" for p in processes]
         created = subprocess.run(
-            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            [
+                cli,
+                "--cluster",
+                "create",
+                *nodes,
+                "--cluster-replicas",
+                str(replicas),
+                "--cluster-yes",
+            ],
             capture_output=True,
             text=True,
             timeout=60,

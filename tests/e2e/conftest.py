@@ -14,6 +14,7 @@ from millstream.connectors.targets import Endpoints
 from millstream.connectors.topology import Topology
 from millstream.settings import Settings
 from tests.e2e.sink_faults import RecordedKafka, start_recorded_kafka
+from tests.e2e.spark_cluster import SparkCluster, standalone_cluster
 
 
 @pytest.fixture
@@ -21,6 +22,13 @@ def recorded_kafka(tmp_path: Path) -> Iterator[RecordedKafka]:
     """`durable_kafka` behind a proxy that records the broker's transactional answers."""
     with start_recorded_kafka(tmp_path / "durable-kafka") as kafka:
         yield kafka
+
+
+@pytest.fixture
+def spark_cluster(tmp_path: Path) -> Iterator[SparkCluster]:
+    """A Spark standalone master and two 1-core workers on two loopback hosts."""
+    with standalone_cluster(tmp_path) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@
 Spark never speculates on a `local[N]` master (TaskSchedulerImpl starts its speculation thread
 only when not local), and never launches a speculative copy on a host that already runs an
 attempt of the task, so `local-cluster` (one host) never speculates either. This test starts a
-small standalone cluster whose two workers bind two loopback addresses (127.0.0.2, 127.0.0.3),
-i.e. two hosts, and runs a millstream application in a separate driver process (its own
+small standalone cluster (`tests.e2e.spark_cluster`) whose two workers bind two loopback
+addresses, i.e. two hosts, and runs a millstream application in a separate driver process (its own
 SparkSession, `spark.speculation=true`). In the batch with the data, the first attempt of one
 shard task stalls inside user code until Spark's speculative copy of that task, on the other
 host, has acquired the shard and committed; then it wakes up and carries on, a real
@@ -15,7 +15,6 @@ Run as `python -m tests.e2e.test_runtime_speculation ARGS_JSON` this module is t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -24,13 +23,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
+from tests.e2e.spark_cluster import SparkCluster, spark_env
 
 SHARDS = 4
 COMPUTATION = "counter"
@@ -184,115 +183,10 @@ def _driver(args: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- the test
 
 
-def _spark_env(**extra: str) -> dict[str, str]:
-    import pyspark
-
-    home = str(Path(pyspark.__file__).parent)
-    return {
-        **os.environ,
-        "SPARK_HOME": home,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        **extra,
-    }
-
-
-def _wait_for_log(path: Path, text: str, count: int, timeout: float, procs: list[Any]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text(errors="replace").count(text) >= count:
-            return
-        for proc in procs:
-            if proc.poll() is not None:
-                raise AssertionError(f"a Spark daemon exited: {path.read_text()[-2000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {text!r} x{count} in {path}")
-
-
-@pytest.fixture
-def two_host_cluster(tmp_path: Path) -> Iterator[str]:
-    """A standalone Spark master and two 1-core workers on 127.0.0.2 and 127.0.0.3."""
-    from millstream.embedded import free_port
-
-    spark_class = str(Path(_spark_env()["SPARK_HOME"]) / "bin" / "spark-class")
-    port = free_port()
-    opts = "-Dspark.master.rest.enabled=false"  # no fixed REST port (6066)
-    env = _spark_env(
-        SPARK_MASTER_OPTS=opts,
-        SPARK_WORKER_DIR=str(tmp_path / "work"),
-        SPARK_DAEMON_MEMORY="384m",
-    )
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[Any] = []
-
-    def daemon(name: str, args: list[str], host: str) -> Path:
-        log = tmp_path / f"{name}.log"
-        handle = log.open("wb")
-        logs.append(handle)
-        procs.append(
-            subprocess.Popen(
-                [spark_class, *args],
-                env={**env, "SPARK_LOCAL_IP": host},
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: executors go with it
-            )
-        )
-        return log
-
-    master_log = daemon(
-        "master",
-        [
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--webui-port",
-            str(free_port()),
-        ],
-        "127.0.0.1",
-    )
-    try:
-        _wait_for_log(master_log, "I have been elected leader", 1, 60, procs)
-        for host in ("127.0.0.2", "127.0.0.3"):
-            daemon(
-                f"worker-{host}",
-                [
-                    "org.apache.spark.deploy.worker.Worker",
-                    "--host",
-                    host,
-                    "--cores",
-                    "1",
-                    "--memory",
-                    "768m",
-                    "--webui-port",
-                    str(free_port()),
-                    f"spark://127.0.0.1:{port}",
-                ],
-                host,
-            )
-        _wait_for_log(master_log, "Registering worker", 2, 60, procs)
-        yield f"spark://127.0.0.1:{port}"
-    finally:
-        for proc in reversed(procs):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in reversed(procs):
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        for handle in logs:
-            handle.close()
-
-
 @pytest.mark.spark
 @pytest.mark.slow
 def test_real_spark_speculation_zombie_is_fenced(
-    two_host_cluster: str,
+    spark_cluster: SparkCluster,
     kafka_bootstrap: str,
     kafka_topic_factory: Any,
     redis_namespace: str,
@@ -325,7 +219,7 @@ def test_real_spark_speculation_zombie_is_fenced(
     truth = Counter(key for _, key in events)
 
     args = {
-        "master": two_host_cluster,
+        "master": spark_cluster.master,
         "app": app_name,
         "topic": topic,
         "redis_url": redis_url,
@@ -338,7 +232,7 @@ def test_real_spark_speculation_zombie_is_fenced(
         driver = subprocess.Popen(
             [sys.executable, "-m", "tests.e2e.test_runtime_speculation", json.dumps(args)],
             cwd=REPO,
-            env=_spark_env(SPARK_LOCAL_IP="127.0.0.1"),
+            env=spark_env(SPARK_LOCAL_IP="127.0.0.1"),
             stdout=handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: its Spark JVM goes with it
