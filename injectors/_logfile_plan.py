@@ -186,24 +186,35 @@ def is_finished(
     return now - mtime_ms >= finished_after_ms and any(c > created for c in others_created)
 
 
-def event_watermark(views: list[tuple[int, bool, bool]], clock_wm: int, tail_clock: bool) -> int:
+def event_watermark(
+    views: list[tuple[int, bool, bool, int | None]], clock_wm: int, tail_clock: bool, now: int
+) -> int:
     """MillWheel Figure 10: the minimum creation time over unfinished files.
 
-    `views` holds (created, unread, finished) per file. A file with unread bytes holds the
-    watermark at its creation time. A fully read, finished file holds nothing. A fully read file
-    that may still grow holds it at its creation time too, unless `tail_clock`, where it holds
-    it at the clock minus slack (lines it receives later are written from now on). The result
-    never exceeds the clock minus slack, which it follows once every file is finished and read.
+    `views` holds (created, unread, finished, last) per file, `last` being the event time of a
+    fully read file's last line (None: unknown). A file with unread bytes holds the watermark
+    at its creation time. A fully read, finished file holds nothing. A fully read file that may
+    still grow holds it at its creation time too, unless `tail_clock`: then at the newer of the
+    clock minus slack and its last line's time (never past `now`), as a caught-up Kafka
+    partition does (`injectors.watermark`): lines written later may be older than the last one
+    only by the stream's out-of-order bound, which the runtime subtracts afterwards. With no
+    file holding it, the watermark follows the clock minus slack; creation times never pass it.
     """
-    out = clock_wm
-    for created, unread, finished in views:
-        if unread or not finished:
-            out = min(out, clock_wm if (not unread and tail_clock) else created)
-    return out
+    out: int | None = None
+    for created, unread, finished, last in views:
+        if not (unread or not finished):
+            continue
+        if not unread and tail_clock:
+            hold = clock_wm if last is None else max(clock_wm, min(last, now))
+        else:
+            hold = min(created, clock_wm)
+        out = hold if out is None else min(out, hold)
+    return clock_wm if out is None else out
 
 
 # --- planning ------------------------------------------------------------------------------------
 FirstTimestamp = Callable[[BinaryIO], int | None]
+LastTimestamp = Callable[[BinaryIO, int], int | None]  # (file, end of its last line)
 
 
 @dataclass(slots=True)
@@ -214,6 +225,7 @@ class Planner:
     pattern: str
     rules: Rules
     first_timestamp: FirstTimestamp
+    last_timestamp: LastTimestamp | None = None
 
     def plan(
         self,
@@ -251,10 +263,11 @@ class Planner:
                 now = born
             files = self._admit(files, entries, handles, budget)
             unread = self._unread(files, entries, handles)
+            lasts = self._last_times(files, handles, unread)
         finally:
             for fh in handles.values():
                 fh.close()
-        wm_event = self._watermark(files, entries, now, tick, unread)
+        wm_event = self._watermark(files, entries, now, tick, unread, lasts)
         nxt = Position(files, lost, (max(prev.wm[0], wm_event), prev.wm[1]), tick, counts)
         if nxt.same_as(prev):
             return prev
@@ -453,6 +466,19 @@ class Planner:
                 out.add(key)
         return out
 
+    def _last_times(
+        self, files: dict[str, Tracked], handles: dict[str, BinaryIO], unread: set[str]
+    ) -> dict[str, int | None]:
+        """Event time of each fully read file's last admitted line (the clock rule's data)."""
+        if not self.rules.tail_clock or self.last_timestamp is None:
+            return {}
+        out: dict[str, int | None] = {}
+        for key, t in files.items():
+            fh = handles.get(key)
+            if key not in unread and fh is not None and t.offset > 0:
+                out[key] = self.last_timestamp(fh, t.offset)
+        return out
+
     def _watermark(
         self,
         files: dict[str, Tracked],
@@ -460,6 +486,7 @@ class Planner:
         now: int,
         tick: int,
         unread: set[str],
+        lasts: dict[str, int | None],
     ) -> int:
         created = [t.created for t in files.values()]
         views = []
@@ -467,9 +494,9 @@ class Planner:
             entry = entries.get(t.inode)
             mtime = entry.mtime_ms if entry is not None else now
             finished = is_finished(mtime, t.created, now, self.rules.finished_after_ms, created)
-            views.append((t.created, key in unread, finished))
+            views.append((t.created, key in unread, finished, lasts.get(key)))
         clock_wm = tick * self.rules.tick_ms - self.rules.slack_ms
-        return event_watermark(views, clock_wm, self.rules.tail_clock)
+        return event_watermark(views, clock_wm, self.rules.tail_clock, now)
 
 
 def _same_file(fh: BinaryIO, t: Tracked, size: int) -> bool:

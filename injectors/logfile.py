@@ -50,12 +50,14 @@ Decisions:
   and the event time of its first complete line. Linux has no portable birth time, and the
   mtime of a file found with a backlog is later than the lines it holds.
 - Low watermark (MillWheel Figure 10): min over unfinished files of their creation time; a file
-  with unread bytes always counts. It never exceeds clock - `watermarkSlackMs` (the clock is
-  quantised to the tick), which it follows once every file is finished and read. With
-  `tailWatermark=clock` (the default), a file read to its end counts as clock - slack instead of its creation
-  time, so a log that is never rotated still advances the watermark (the default). A partial
-  last line (the writer mid-line) is not unread bytes: it holds nothing. Monotonic; published to
-  Redis when Spark has finished the batch whose end offset carries it.
+  with unread bytes always counts. Creation times never pass clock - `watermarkSlackMs` (the
+  clock is quantised to the tick), which it follows once every file is finished and read. With
+  `tailWatermark=clock` (the default), a file read to its end counts instead as the newer of
+  clock - slack and its last line's event time (never past the clock), as a caught-up Kafka
+  partition does: a log that is never rotated still advances the watermark, and a window
+  closes once a later line arrived. A partial last line (the writer mid-line) is not unread
+  bytes: it holds nothing. Monotonic; published to Redis when Spark has finished the batch
+  whose end offset carries it.
 - A malformed line becomes a row with `error` set (the raw line as value): never dropped.
   Bytes that vanish before they are read (a file deleted or truncated under the reader) become an
   error row too, at the first lost offset.
@@ -163,6 +165,7 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 tail_clock=settings.tail_watermark == "clock",
             ),
             first_timestamp=partial(first_line_timestamp, self._slices.parser),
+            last_timestamp=partial(last_line_timestamp, self._slices.parser),
         )
         # AvailableNow: the files and sizes present when the trigger started, and that moment.
         self._snapshot: tuple[dict[tuple[int, int], int], int] | None = None
@@ -277,6 +280,23 @@ def first_line_timestamp(parser: Parser, fh: BinaryIO) -> int | None:
     except BadLine:
         return None
     return ts
+
+
+def last_line_timestamp(parser: Parser, fh: BinaryIO, end: int) -> int | None:
+    """Event time of the complete line ending at `end`, if it fits in one probe and parses:
+    what a caught-up file's data implies for its watermark."""
+    lo = max(0, end - PROBE)
+    fh.seek(lo)
+    data = fh.read(end - lo)
+    if not data.endswith(NEWLINE):
+        return None
+    start = data.rfind(NEWLINE, 0, len(data) - 1) + 1
+    if start == 0 and lo > 0:
+        return None  # a line longer than the probe: unknown, the clock rule alone
+    try:
+        return parse_line(parser, strip_cr(data[start:-1]), "")[1]
+    except BadLine:
+        return None
 
 
 def _budget(limit: ReadLimit) -> Budget:

@@ -26,14 +26,21 @@ from millstream.injectors._logfile_plan import (
     is_finished,
 )
 from millstream.injectors._logfile_read import FileSlice, LostSlice, SliceReader, slices
-from millstream.injectors.logfile import first_line_timestamp
+from millstream.injectors.logfile import first_line_timestamp, last_line_timestamp
 
 T0 = 1_800_000_000_000  # a fixed "now" for plans
 RULES = Rules(finished_after_ms=10_000, slack_ms=2_000, tick_ms=1_000, tail_clock=False)
 
 
 def make_planner(directory: Path, rules: Rules = RULES) -> Planner:
-    return Planner(str(directory), "*.log", rules, partial(first_line_timestamp, JsonLinesParser()))
+    parser = JsonLinesParser()
+    return Planner(
+        str(directory),
+        "*.log",
+        rules,
+        partial(first_line_timestamp, parser),
+        partial(last_line_timestamp, parser),
+    )
 
 
 def line(key: str, ts: int) -> bytes:
@@ -71,17 +78,37 @@ def test_finished_needs_quiet_time_and_a_newer_file() -> None:
 
 def test_event_watermark_is_min_creation_of_unfinished_files() -> None:
     clock = 100_000
+    now = clock + 2_000
+
+    def wm(views: list[tuple[int, bool, bool]], tail: bool) -> int:
+        return event_watermark([(*v, None) for v in views], clock, tail, now)
+
     # (created, unread, finished)
-    assert (
-        event_watermark([(10, False, True), (20, True, False), (30, False, False)], clock, False)
-        == 20
-    )
-    assert event_watermark([(10, True, True)], clock, False) == 10  # unread bytes always count
-    assert event_watermark([(10, False, True)], clock, False) == clock  # all finished and read
-    assert event_watermark([], clock, False) == clock
-    assert event_watermark([(10, False, False)], clock, True) == clock  # tail: at EOF follows clock
-    assert event_watermark([(10, True, False)], clock, True) == 10
-    assert event_watermark([(200_000, True, False)], clock, False) == clock  # never past clock
+    assert wm([(10, False, True), (20, True, False), (30, False, False)], False) == 20
+    assert wm([(10, True, True)], False) == 10  # unread bytes always count
+    assert wm([(10, False, True)], False) == clock  # all finished and read
+    assert wm([], False) == clock
+    assert wm([(10, False, False)], True) == clock  # tail: at EOF follows clock
+    assert wm([(10, True, False)], True) == 10
+    assert wm([(200_000, True, False)], False) == clock  # never past clock
+
+
+def test_a_caught_up_live_file_holds_at_its_last_lines_time_under_the_clock_rule() -> None:
+    """As a caught-up Kafka partition: the newer of clock - slack and its last line's time,
+    never past now; unknown (None) is the clock rule alone; creation mode ignores it."""
+    clock = 100_000
+    now = clock + 2_000
+    live = (10, False, False)
+    assert event_watermark([(*live, clock + 1_500)], clock, True, now) == clock + 1_500
+    assert event_watermark([(*live, clock - 5_000)], clock, True, now) == clock  # old line
+    assert event_watermark([(*live, now + 60_000)], clock, True, now) == now  # ahead of clock
+    assert event_watermark([(*live, None)], clock, True, now) == clock
+    assert event_watermark([(*live, clock + 1_500)], clock, False, now) == 10  # creation mode
+    # The minimum over files: an unread one still holds at its creation time.
+    views = [(*live, clock + 1_500), (50, True, False, None)]
+    assert event_watermark(views, clock, True, now) == 50
+    # A finished, fully read file holds nothing, whatever its last line says.
+    assert event_watermark([(10, False, True, clock - 9_000)], clock, True, now) == clock
 
 
 # --- planning ------------------------------------------------------------------------------------
@@ -394,7 +421,28 @@ def test_a_partial_last_line_does_not_hold_the_watermark_but_unread_lines_do(
     assert p2.wm[0] == p1.wm[0]  # held at the creation (T0 - 5 s); never back
     p3 = planner.plan(p2, T0 + 2_500, Budget())
     assert keys(rows(tmp_path, p2, p3)) == [b"c", b"d"]
-    assert p3.wm[0] == p3.tick * 1_000 - 2_000
+    # Caught up again: the last line ("d", T0 + 800) is newer than the clock less the slack.
+    assert p3.tick * 1_000 - 2_000 < T0 + 800
+    assert p3.wm[0] == T0 + 800
+
+
+def test_a_caught_up_file_follows_its_last_line_not_the_slack(tmp_path: Path) -> None:
+    """The clock rule with data: a live file read to its end holds the watermark at its last
+    line's time when that is newer than the clock less the slack, so windows close as soon as
+    a later line arrived; a line that does not parse, or a file gone quiet, leaves the slack."""
+    tail = Rules(finished_after_ms=10_000, slack_ms=2_000, tick_ms=1_000, tail_clock=True)
+    planner = make_planner(tmp_path, tail)
+    write(tmp_path / "a.log", line("a", T0 - 300) + line("b", T0 - 100))
+    p1 = planner.plan(Position.initial(), T0, Budget())
+    assert p1.wm[0] == T0 - 100  # not T0 - 2 s
+    write(tmp_path / "a.log", b"not json\n")
+    p2 = planner.plan(p1, T0 + 1_000, Budget())
+    assert p2.wm[0] == p1.wm[0]  # unknown: the clock rule (T0 - 1 s), and never back
+    p3 = planner.plan(p2, T0 + 5_000, Budget())
+    assert p3.wm[0] == T0 + 3_000  # quiet: the clock less the slack
+    write(tmp_path / "a.log", line("c", T0 + 90_000))  # a skewed writer, ahead of the clock
+    p4 = planner.plan(p3, T0 + 6_000, Budget())
+    assert p4.wm[0] == T0 + 6_000  # never past now
 
 
 def test_the_runtimes_idle_slack_is_the_default_slack_and_the_clock_rule_the_default(
