@@ -202,8 +202,8 @@ def event_watermark(
     """
     out: int | None = None
     for created, unread, finished, last in views:
-        if not (unread or not finished):
-            continue
+        if finished and not unread:
+            continue  # read to its end and rotated away: holds nothing
         if not unread and tail_clock:
             hold = clock_wm if last is None else max(clock_wm, min(last, now))
         else:

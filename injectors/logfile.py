@@ -100,7 +100,7 @@ from pyspark.sql.types import StructType
 
 from millstream.errors import TransientError
 from millstream.injectors._logfile_directory import scan_directory
-from millstream.injectors._logfile_lines import NEWLINE, PROBE, strip_cr
+from millstream.injectors._logfile_lines import NEWLINE, PROBE, last_line_end, strip_cr
 from millstream.injectors._logfile_options import OPTIONS as OPTIONS  # re-exported
 from millstream.injectors._logfile_options import SHORT_NAME, LogFileOptions
 from millstream.injectors._logfile_parse import (
@@ -282,19 +282,22 @@ def first_line_timestamp(parser: Parser, fh: BinaryIO) -> int | None:
     return ts
 
 
+LAST_LINE_BLOCK = 4096  # a log line is usually far shorter: one small read per trigger
+
+
 def last_line_timestamp(parser: Parser, fh: BinaryIO, end: int) -> int | None:
     """Event time of the complete line ending at `end`, if it fits in one probe and parses:
     what a caught-up file's data implies for its watermark."""
     lo = max(0, end - PROBE)
-    fh.seek(lo)
-    data = fh.read(end - lo)
+    start = last_line_end(fh, lo, end - 1, block=LAST_LINE_BLOCK)  # reads backwards
+    if start == lo and lo > 0:
+        return None  # a line longer than the probe: unknown, the clock rule alone
+    fh.seek(start)
+    data = fh.read(end - start)
     if not data.endswith(NEWLINE):
         return None
-    start = data.rfind(NEWLINE, 0, len(data) - 1) + 1
-    if start == 0 and lo > 0:
-        return None  # a line longer than the probe: unknown, the clock rule alone
     try:
-        return parse_line(parser, strip_cr(data[start:-1]), "")[1]
+        return parse_line(parser, strip_cr(data[:-1]), "")[1]
     except BadLine:
         return None
 

@@ -573,7 +573,7 @@ def compute(results: Mapping[str, Any], failed: Collection[str] = ()) -> list[di
         *join_targets(results.get("join"), failed),
         catalog_target(results.get("dedup"), _why_absent("dedup", failed), _entry, _absent),
         *(
-            _with_off(e, _main_read(results), None) if "driver_read" not in e else e
+            _with_off(e, _main_read(results), None)
             for e in tail_targets(
                 results, rss_by_pipeline(results), failed, _why_absent, _entry, _absent
             )

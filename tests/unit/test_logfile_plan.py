@@ -457,3 +457,22 @@ def test_the_runtimes_idle_slack_is_the_default_slack_and_the_clock_rule_the_def
     assert given.watermark_slack_ms == 2_000
     both = LogFileOptions.from_options({**base, "idleSlackMs": "2000", "watermarkSlackMs": "700"})
     assert both.watermark_slack_ms == 700
+
+
+def test_last_line_timestamp_reads_only_the_last_complete_line(tmp_path: Path) -> None:
+    from millstream.injectors._logfile_lines import PROBE
+
+    parser = JsonLinesParser()
+    path = tmp_path / "a.log"
+    write(path, line("a", T0) + line("b", T0 + 5) + b"x" * 100 + b"\n")
+    body = path.read_bytes()
+    with open(path, "rb") as fh:
+        assert last_line_timestamp(parser, fh, len(line("a", T0))) == T0  # the first line
+        end = len(line("a", T0) + line("b", T0 + 5))
+        assert last_line_timestamp(parser, fh, end) == T0 + 5  # the line ending there
+        assert last_line_timestamp(parser, fh, len(body)) is None  # does not parse
+        assert last_line_timestamp(parser, fh, end - 1) is None  # not a line end
+    long = tmp_path / "long.log"
+    write(long, line("a", T0) + json.dumps({"key": "b" * PROBE, "ts": T0}).encode() + b"\n")
+    with open(long, "rb") as fh:
+        assert last_line_timestamp(parser, fh, long.stat().st_size) is None  # past one probe
