@@ -70,7 +70,7 @@ def drain_shard(
     `only` (the fused runtime): only checkpoints of these streams, bound only outside the
     application; the others wait to be handed to their consumers in the next batch.
     """
-    keys = ShardKeys(plan.app, spec.name, shard)
+    keys = ShardKeys(plan.app, spec.name, shard, plan.generation)
     store = ShardStore(connect(plan.redis_url), keys, plan.shard_config)
     store.acquire()
     pending = store.pending_productions()

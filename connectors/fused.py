@@ -46,6 +46,7 @@ from millstream.connectors.batch_watermarks import BatchWatermarks
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.query_sources import source_options
 from millstream.connectors.replay_intake import ReplayIntake, replay_rows
+from millstream.connectors.rescaling import apply_rescales, take_layouts
 from millstream.connectors.routing import route
 from millstream.connectors.segments import MAIN
 from millstream.connectors.settlement import Done, Settlement, hand_over
@@ -99,8 +100,6 @@ class FusedRunner:
         segment: str = MAIN,
         reads: Sequence[str] = (),
     ) -> None:
-        from millstream.state.shard_count import record_shard_count
-
         self.topology = topology
         self.settings = settings
         self.endpoints = endpoints
@@ -112,8 +111,7 @@ class FusedRunner:
         self.stages: dict[str, Stage] = plan_stages(
             PlanContext(topology, settings, endpoints), self.order
         )
-        for stage in self.stages.values():
-            record_shard_count(self.client, topology.app, stage.name, stage.shards)
+        take_layouts(self.client, topology.app, self.stages)
         self.watermarks = BatchWatermarks(
             topology,
             self.client,
@@ -279,6 +277,7 @@ class FusedRunner:
         (started at once for productions no computation here consumes)."""
         self._hold_while_backlogged(batch_id)
         started = time.perf_counter()
+        apply_rescales(self.client, self.topology.app, self.stages)  # between two batches
         ranges = (
             self.offset_log.ranges(batch_id, self.sources) if self.settings.driver_read else None
         )
@@ -395,6 +394,7 @@ class FusedRunner:
             batch_id=batch_id,
             redis_url=self.endpoints.redis_url,
             shards=stage.shards,
+            generation=stage.generation,
             shard_config=stage.config,
             input_watermark=input_wm,
             gc_watermark=input_wm.system - self.settings.gc_slack_seconds * 1000,

@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import mmh3
-
+from millstream.state.keys import shard_of as shard_of
 from millstream.state.shard import ShardConfig
 from millstream.state.watermarks import UNKNOWN, Watermark
 
@@ -47,6 +46,9 @@ class BatchPlan:
     # after the records, in this batch, instead of waiting for the next one. None: no such
     # pass (an input another computation produces has no estimate before its commit).
     end_watermark: Watermark | None = None
+    # The computation's shard layout generation (`state/shard_count.py`): which keys its
+    # shards' state lives under.
+    generation: int = 0
 
 
 @dataclass(slots=True)
@@ -65,8 +67,3 @@ class TaskInput:
     error: str | None
     data: Any = None
     decoded: bool = False
-
-
-def shard_of(key: str, shards: int) -> int:
-    """Stable across processes (Python's hash() is salted per process)."""
-    return mmh3.hash(key.encode("utf-8", "surrogatepass"), 0x4D5) % shards

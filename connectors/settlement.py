@@ -109,7 +109,7 @@ class Settlement:
 
     def settle(self, item: Done) -> dict[str, int]:
         stage, result = item.stage, item.result
-        keys = ShardKeys(self.app, stage.name, result.shard)
+        keys = ShardKeys(self.app, stage.name, result.shard, item.plan.generation)
         outside = [p for p in result.outstanding if stage.targets.get(p.stream)]
         inside_only = [p for p in result.outstanding if not stage.targets.get(p.stream)]
         settled = list(inside_only)  # every consumer committed them: the batch got here

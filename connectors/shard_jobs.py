@@ -118,7 +118,7 @@ def busy_shards(
         return list(range(stage.shards))
     pipe = client.pipeline(transaction=False)
     for shard in idle:
-        keys = ShardKeys(app, stage.name, shard)
+        keys = ShardKeys(app, stage.name, shard, stage.generation)
         pipe.zrangebyscore(keys.timers("event"), "-inf", event_wm, start=0, num=1)
         pipe.zrangebyscore(keys.timers("wall"), "-inf", now, start=0, num=1)
         pipe.hlen(keys.productions)

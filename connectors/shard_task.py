@@ -140,7 +140,7 @@ def run_shard(
     items.sort(key=lambda i: (i.row[STREAM], i.row[SOURCE], i.row[PARTITION], i.row[OFFSET]))
     items = decode_inputs(items, spec.formats)
     client = connect(plan.redis_url)
-    keys = ShardKeys(plan.app, spec.name, shard)
+    keys = ShardKeys(plan.app, spec.name, shard, plan.generation)
     retries = 0
     while True:
         store = ShardStore(client, keys, plan.shard_config)

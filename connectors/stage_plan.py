@@ -49,13 +49,16 @@ class Stage:
     # Inputs produced by computations of another query: read from their topics.
     topic_inputs: frozenset[str] = frozenset()
     last_batch: dict[str, Any] = field(default_factory=dict)
+    # The recorded layout's generation (`state/shard_count.py`); it and `shards` change in
+    # place when a rescale is applied between batches (`connectors/rescaling.py`).
+    generation: int = 0
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     def keys(self, app: str) -> list[ShardKeys]:
-        return [ShardKeys(app, self.name, s) for s in range(self.shards)]
+        return [ShardKeys(app, self.name, s, self.generation) for s in range(self.shards)]
 
 
 @dataclass(frozen=True)

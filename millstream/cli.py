@@ -211,6 +211,14 @@ def _cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rescale(args: argparse.Namespace) -> int:
+    from millstream.rescale_tool import rescale
+    from millstream.state.client import connect
+
+    client = connect(_redis_for_status())
+    return rescale(client, args.app, args.computation, args.shards, args.timeout, args.wait)
+
+
 def _cmd_dead_letters(args: argparse.Namespace) -> int:
     from millstream.dead_letters import choose, read_letters, render, replay_letters
     from millstream.state.client import connect
@@ -402,6 +410,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     reset.set_defaults(func=_cmd_reset)
+    scale = sub.add_parser(
+        "rescale",
+        help="move a computation's keys to another shard count, while it runs or not",
+    )
+    scale.add_argument("app", help="application name (MILLSTREAM_APP of the pipeline)")
+    scale.add_argument("computation", help="the computation whose shards change")
+    scale.add_argument("--shards", type=int, required=True, help="the new shard count, 1-4096")
+    scale.add_argument(
+        "--timeout", type=_positive_seconds, default=120.0, metavar="S",
+        help="how long to wait for the running application to apply it (default 120)",
+    )  # fmt: skip
+    scale.add_argument(
+        "--wait", action="store_true",
+        help="wait even if the application is not running now (for a start about to happen)",
+    )  # fmt: skip
+    scale.set_defaults(func=_cmd_rescale)
     dead = sub.add_parser(
         "dead-letters",
         help="list an application's dead letters with their reasons; --replay them after a fix",

@@ -256,6 +256,7 @@ def _shards(client: RedisClient, app: str, computation: str) -> int:
 
 
 def _waiting(client: RedisClient, app: str, computation: str, shards: int, click: str) -> bool:
+    # A join keeps its first layout: `connectors/rescaling.py` refuses to rescale one.
     keys = ShardKeys(app, computation, shard_of(click, shards))
     return bool(client.hexists(keys.state, click))
 

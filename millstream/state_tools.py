@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from millstream.errors import ConfigurationError
-from millstream.state.keys import ShardKeys, app_key
-from millstream.state.shard_count import shard_counts_key
+from millstream.state.keys import ShardKeys, app_key, shard_of
+from millstream.state.shard_count import ShardLayout, shard_counts_key
 from millstream.state.timers import timer_member
 from millstream.state.watermarks import now_ms
 
@@ -44,6 +44,11 @@ def scan(client: Any, pattern: str) -> Iterator[str]:
 
 
 def shard_count(client: Any, app: str, computation: str) -> int:
+    return layout_of(client, app, computation).shards
+
+
+def layout_of(client: Any, app: str, computation: str) -> ShardLayout:
+    """The computation's recorded shard layout; ConfigurationError if it never ran."""
     raw = client.hget(shard_counts_key(app), computation)
     if raw is None:
         known = sorted(_text(k) for k in client.hkeys(shard_counts_key(app)))
@@ -51,7 +56,7 @@ def shard_count(client: Any, app: str, computation: str) -> int:
             f"app {app!r} has no computation {computation!r} in Redis "
             f"(computations that have run: {known or 'none'}); check MILLSTREAM_APP and REDIS_URL"
         )
-    return int(raw)
+    return ShardLayout.decode(raw)
 
 
 def decode_state(raw: bytes, serde: str, unpickle: bool = False) -> Any:
@@ -71,11 +76,9 @@ def key_state(
     client: Any, app: str, computation: str, key: str, serde: str = "json", unpickle: bool = False
 ) -> dict[str, Any]:
     """A key's state, timers and holds, as JSON-able data."""
-    from millstream.connectors.plan import shard_of
-
-    shards = shard_count(client, app, computation)
-    shard = shard_of(key, shards)
-    keys = ShardKeys(app, computation, shard)
+    layout = layout_of(client, app, computation)
+    shard = shard_of(key, layout.shards)
+    keys = ShardKeys(app, computation, shard, layout.generation)
     raw = client.hget(keys.state, key)
     prefix = _glob_escape(timer_member(key, ""))
     timers: list[dict[str, Any]] = []
@@ -96,7 +99,8 @@ def key_state(
         "computation": computation,
         "key": key,
         "shard": shard,
-        "shards": shards,
+        "shards": layout.shards,
+        "layout_generation": layout.generation,
         "serde": serde,
         "state": None if raw is None else decode_state(raw, serde, unpickle),
         "timers": timers,

@@ -7,6 +7,7 @@ from typing import Any
 
 from millstream.state import replay
 from millstream.state.keys import INJECTOR_EVENTS, ShardKeys, app_key
+from millstream.state.shard_count import ShardLayout, read_layout
 from millstream.state.watermarks import INFINITY, UNKNOWN, WatermarkAuthority, now_ms
 
 # Upper bounds (seconds) of the batch duration histogram: a batch costs 0.1 s to minutes.
@@ -26,12 +27,14 @@ def committed_counters(
 
     Exact after any crash, unlike the driver's metrics hash: the driver adds a batch's counts
     after the batch, so a crash between the shards' commits and that update loses them (the
-    replay then sees only replays). `shards` defaults to the shards that exist in Redis.
+    replay then sees only replays). The shards are the recorded layout's (a rescale moves the
+    counters with the keys); `shards` is for a computation with none recorded.
     """
-    count = _shard_count(client, app, computation) if shards is None else shards
+    layout = _layout(client, app, computation, shards)
+    count = layout.shards
     pipe = client.pipeline(transaction=False)
-    for shard in range(count):
-        pipe.hgetall(ShardKeys(app, computation, shard).counters)
+    for keys in layout.keys(app, computation):
+        pipe.hgetall(keys.counters)
     total: dict[str, int] = {}
     for counters in pipe.execute() if count else []:
         for name, value in counters.items():
@@ -68,14 +71,14 @@ def status(client: Any, app: str) -> dict[str, Any]:
             k.decode(): v.decode() for k, v in client.hgetall(app_key(app, "metrics", name)).items()
         }
         last = json.loads(metrics.pop("last_batch", "{}"))
-        shards = _shard_count(client, app, name)
+        layout = _layout(client, app, name)
+        shards = layout.shards
         if shards:  # the shards' committed counters are exact; the driver's may trail a crash
             metrics.update(
                 {k: str(v) for k, v in committed_counters(client, app, name, shards).items()}
             )
         pipe = client.pipeline(transaction=False)
-        for shard in range(shards):
-            keys = ShardKeys(app, name, shard)
+        for keys in layout.keys(app, name):
             pipe.zcard(keys.production_times)
             pipe.zcard(keys.timers("event"))
             pipe.zcard(keys.timers("wall"))
@@ -136,6 +139,14 @@ def batch_seconds_histogram(metrics: dict[str, str]) -> dict[str, Any] | None:
         "count": int(metrics["batch_seconds_count"]),
         "sum": float(metrics.get("batch_seconds_sum", 0.0)),
     }
+
+
+def _layout(client: Any, app: str, name: str, shards: int | None = None) -> ShardLayout:
+    """The recorded layout; else `shards`, else as many generation-0 shards as exist."""
+    recorded = read_layout(client, app, name)
+    if recorded is not None:
+        return recorded
+    return ShardLayout(_shard_count(client, app, name) if shards is None else shards)
 
 
 def _shard_count(client: Any, app: str, name: str) -> int:

@@ -7,15 +7,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import mmh3
+
 
 @dataclass(frozen=True, slots=True)
 class ShardKeys:
+    """`generation`: the computation's shard layout (`state/shard_count.py`); a rescale writes
+    the next layout's shards under new keys, so the old ones stay whole until the switch."""
+
     app: str
     computation: str
     shard: int
+    generation: int = 0
 
     @property
     def tag(self) -> str:
+        if self.generation:
+            return f"ms:{{{self.app}:{self.computation}:{self.shard}@{self.generation}}}"
         return f"ms:{{{self.app}:{self.computation}:{self.shard}}}"
 
     @property
@@ -94,6 +102,12 @@ class ShardKeys:
     def counters(self) -> str:
         """Hash of per-shard metrics (records, duplicates, late, ...), updated in commits."""
         return f"{self.tag}:metrics"
+
+
+def shard_of(key: str, shards: int) -> int:
+    """A key's shard among `shards`: stable across processes (Python's hash() is salted per
+    process). Rescaling (`state/rescale.py`) moves keys by the same function."""
+    return mmh3.hash(key.encode("utf-8", "surrogatepass"), 0x4D5) % shards
 
 
 # An injector's counters per stream (`app_key(app, INJECTOR_EVENTS, stream)`): what the log-file

@@ -26,6 +26,10 @@ class Lease:
     token: int
 
 
+# A rescale's tombstone on the sequencer of a shard it moved away from (`state/rescale.py`):
+# INCR refuses it, so no owner of the old layout acquires the shard again.
+RETIRED = "retired"
+
 # (lease token, shard version, next production seq) as an owner left them: enough for another
 # process (the driver, which delivers what a shard task committed) to commit under that lease.
 # A plain tuple: it travels in pickled shard results from Spark tasks to the driver.
@@ -49,8 +53,24 @@ def acquire_and_read(
     pipe = client.pipeline(transaction=False)
     pipe.incr(keys.sequencer)
     reads(pipe)
-    token, *replies = pipe.execute()
+    try:
+        token, *replies = pipe.execute()
+    except redis.ResponseError:
+        if _retired(client.get(keys.sequencer)):
+            raise FencedError(_retired_message(keys)) from None
+        raise
     return Lease(keys, int(token)), replies
+
+
+def _retired(value: Any) -> bool:
+    return value is not None and (value.decode() if isinstance(value, bytes) else value) == RETIRED
+
+
+def _retired_message(keys: ShardKeys) -> str:
+    return (
+        f"shard {keys.tag} was retired by a rescale: its keys moved to another shard layout, "
+        "and no owner of the old one may commit"
+    )
 
 
 @contextmanager
@@ -67,6 +87,8 @@ def guarded(client: RedisClient, lease: Lease) -> Iterator[RedisPipeline]:
     with client.pipeline(transaction=True) as pipe:
         pipe.watch(keys.sequencer)
         current = pipe.get(keys.sequencer)
+        if _retired(current):
+            raise FencedError(_retired_message(keys))
         if current is None or int(current) != lease.token:
             raise FencedError(
                 f"shard {keys.tag} lease moved to token {current!r}; "

@@ -11,6 +11,10 @@ def timer_member(key: str, tag: str) -> str:
     return f"{key}{_SEP}{tag}"
 
 
+def timer_key(member: str) -> str:
+    return member.split(_SEP, 1)[0]
+
+
 def parse_timer(
     member: bytes | str, score: float, domain: TimeDomain, hold: float | None = None
 ) -> Timer:

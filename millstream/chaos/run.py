@@ -389,7 +389,7 @@ def _verify(
 ) -> dict[str, Any]:
     import redis
 
-    from millstream.state.keys import ShardKeys
+    from millstream.state.shard_count import ShardLayout, read_layout
     from millstream.testing.committed_reader import (
         judge_plain_view,
         last_stable_offset,
@@ -410,8 +410,9 @@ def _verify(
 
     client = redis.Redis.from_url(redis_url)
     state: dict[str, int] = {}
-    for shard in range(opts.shards):
-        for key, raw in client.hgetall(ShardKeys(app, "count", shard).state).items():
+    layout = read_layout(client, app, "count") or ShardLayout(opts.shards)
+    for keys in layout.keys(app, "count"):
+        for key, raw in client.hgetall(keys.state).items():
             state[key.decode() if isinstance(key, bytes) else key] = json.loads(raw)
     truth = Counter(key_of[i] for i in set(ids_in))
     state_errors = {k: (state.get(k, 0), n) for k, n in truth.items() if state.get(k, 0) != n}

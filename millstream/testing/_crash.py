@@ -34,6 +34,9 @@ Points (see `connectors/delivery.py`, `connectors/shard_task.py`, `connectors/fu
   letters and their marks are queued; later chunks are not.
 - `after_registry_insert` (`connectors/join_operator.py`): a join's output is registered in the
   IdRegistry under its token and not delivered yet.
+- `rescale_after_retire`, `rescale_after_shard_written`, `rescale_after_switch`
+  (`state/rescale.py`, run by the driver between batches): a rescale retired the old shards;
+  wrote one more new shard; switched the recorded layout (old keys not deleted yet).
 - `fused_after_stage_<computation>` (`connectors/fused.py`): that computation committed in this
   batch, the computations after it in the batch have not run yet.
 """

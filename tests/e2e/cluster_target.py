@@ -26,7 +26,7 @@ from millstream import (
     kafka_source,
 )
 
-SHARDS = 4
+SHARDS = int(os.environ.get("CLUSTER_TARGET_SHARDS", "4"))
 WINDOW = Tumbling(1_000)
 OUT_OF_ORDER_MS = 1_000
 

@@ -76,14 +76,16 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, app: An
 
 
 def shard_states(client: Any, app: str, computation: str, shards: int) -> dict[str, Any]:
-    """Every key's committed state of a computation (JSON serde), read straight from Redis."""
+    """Every key's committed state of a computation (JSON serde), read straight from Redis:
+    from the recorded layout's shards (a rescale changes them), else `shards` shards."""
     import json
 
-    from millstream.state.keys import ShardKeys
+    from millstream.state.shard_count import ShardLayout, read_layout
 
+    layout = read_layout(client, app, computation) or ShardLayout(shards)
     out: dict[str, Any] = {}
-    for shard in range(shards):
-        for key, raw in client.hgetall(ShardKeys(app, computation, shard).state).items():
+    for keys in layout.keys(app, computation):
+        for key, raw in client.hgetall(keys.state).items():
             out[key.decode()] = json.loads(raw)
     return out
 

@@ -31,7 +31,7 @@ def test_another_count_stops_the_start_with_one_line_naming_both(
     message = str(raised.value)
     assert "\n" not in message
     assert "'counter'" in message and "with 8 shards" in message and "with 16" in message
-    assert "rescaling is not supported" in message and "new app name" in message
+    assert "millstream rescale" in message and "new app name" in message
     assert store_client.hget(shard_counts_key(app), "counter") == b"8"  # still the first count
 
 
