@@ -62,6 +62,9 @@ POINTS = (
     "before_replays_removed",
     "replay_chunk_queued",
     "after_registry_insert",
+    "rescale_after_retire",
+    "rescale_after_shard_written",
+    "rescale_after_switch",
 )
 STAGE_POINT = "fused_after_stage_"  # + a computation's name: it committed, later ones did not
 ENV_AT = "MILLSTREAM_TEST_CRASH_AT"
