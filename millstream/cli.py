@@ -157,7 +157,13 @@ def _render_status(snapshot: dict[str, Any], as_json: bool) -> str:
             f"batch {row['last_batch_seconds']} s, records {row['records']}, "
             f"duplicates {row['duplicates_dropped']}, late {row['late_records']}, "
             f"dead letters {row['dead_letters']}, lookups avoided {row['catalog_lookups_avoided']}, "
-            f"pending productions {row['pending_productions']}, timers {row['timers_pending']}"
+            f"pending productions {row['pending_productions']}, timers {row['timers_pending']}, "
+            f"shards {row['shards']}"
+            + (
+                f" (rescale to {row['rescale_requested']} requested)"
+                if row.get("rescale_requested")
+                else ""
+            )
             + (
                 f", HELD BY BACKPRESSURE since {row['backpressure_since']}"
                 if row["backpressure_since"]

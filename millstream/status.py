@@ -7,7 +7,7 @@ from typing import Any
 
 from millstream.state import replay
 from millstream.state.keys import INJECTOR_EVENTS, ShardKeys, app_key
-from millstream.state.shard_count import ShardLayout, read_layout
+from millstream.state.shard_count import ShardLayout, pending_rescales, read_layout
 from millstream.state.watermarks import INFINITY, UNKNOWN, WatermarkAuthority, now_ms
 
 # Upper bounds (seconds) of the batch duration histogram: a batch costs 0.1 s to minutes.
@@ -66,6 +66,7 @@ def status(client: Any, app: str) -> dict[str, Any]:
     out["injectors"] = injector_events(client, app)
     # Dead letters queued by `millstream dead-letters --replay`, not applied yet.
     out["replays_queued"] = replay.queued(client, app)
+    requested = pending_rescales(client, app)
     for name in computations_of(client, app):
         metrics = {
             k.decode(): v.decode() for k, v in client.hgetall(app_key(app, "metrics", name)).items()
@@ -109,6 +110,8 @@ def status(client: Any, app: str) -> dict[str, Any]:
             "backpressure_seconds": float(metrics.get("backpressure_seconds", 0)),
             "timers_pending": sum(counts[1::3]) + sum(counts[2::3]),
             "shards": shards,
+            "layout_generation": layout.generation,  # how many rescales it went through
+            "rescale_requested": requested.get(name),  # a count not applied yet
             "batch_seconds": batch_seconds_histogram(metrics),
         }
     return out
