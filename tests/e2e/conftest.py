@@ -13,8 +13,8 @@ from millstream.connectors.app import Application
 from millstream.connectors.targets import Endpoints
 from millstream.connectors.topology import Topology
 from millstream.settings import Settings
-from tests.e2e.sink_faults import RecordedKafka, start_recorded_kafka
-from tests.e2e.spark_cluster import SparkCluster, standalone_cluster
+from millstream.testing.spark_cluster import SparkCluster, standalone_cluster
+from tests.e2e.sink_faults import ROOT, RecordedKafka, start_recorded_kafka
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def recorded_kafka(tmp_path: Path) -> Iterator[RecordedKafka]:
 @pytest.fixture
 def spark_cluster(tmp_path: Path) -> Iterator[SparkCluster]:
     """A Spark standalone master and two 1-core workers on two loopback hosts."""
-    with standalone_cluster(tmp_path) as cluster:
+    with standalone_cluster(tmp_path, pythonpath=(str(ROOT),)) as cluster:
         yield cluster
 
 

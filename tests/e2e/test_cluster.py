@@ -2,7 +2,7 @@
 a whole worker and of the driver (issue #29, "cluster end to end").
 
 `millstream run tests.e2e.cluster_target:topology` drives a Spark standalone master with two
-1-core workers on two loopback hosts (`tests.e2e.spark_cluster`), with its state on a 3-primary
+1-core workers on two loopback hosts (`millstream.testing.spark_cluster`), with its state on a 3-primary
 Redis Cluster (each primary with a replica), an 8-partition input topic and the transactional
 sink. Every batch's shard work runs in executors (MILLSTREAM_SMALL_BATCH_ROWS=0). 5% of events
 are sent twice. In one run:
@@ -37,22 +37,15 @@ from millstream.status import committed_counters
 from millstream.testing.committed_reader import read_committed
 from millstream.testing.infra import RedisClusterHandle, start_redis_cluster
 from millstream.testing.process import PipelineProcess
+from millstream.testing.spark_cluster import HOSTS, SparkCluster, driver_conf
 from tests.e2e.cluster_target import SHARDS, WINDOW
 from tests.e2e.conftest import shard_states
 from tests.e2e.sink_faults import ROOT, pipeline_env
-from tests.e2e.spark_cluster import HOSTS, SparkCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
 
 KEYS = 16
 PARTITIONS = 8
-# The driver binds loopback so the workers' executors reach it; executors stay small.
-SPARK_DEFAULTS = """\
-spark.driver.host 127.0.0.1
-spark.driver.bindAddress 127.0.0.1
-spark.executor.memory 512m
-spark.cores.max 2
-"""
 
 Event = tuple[str, str, int]  # id, key, timestamp
 
@@ -165,9 +158,7 @@ def test_a_pipeline_on_a_spark_cluster_and_redis_cluster_survives_executor_worke
     app = redis_namespace
     source = kafka_topic_factory(partitions=PARTITIONS)
     output = kafka_topic_factory(partitions=4)
-    conf = tmp_path / "spark-conf"
-    conf.mkdir()
-    (conf / "spark-defaults.conf").write_text(SPARK_DEFAULTS)
+    conf = driver_conf(tmp_path / "spark-conf")  # the driver binds loopback; small executors
     env = pipeline_env(
         redis_with_replicas.url,
         kafka_bootstrap,

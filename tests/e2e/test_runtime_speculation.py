@@ -3,7 +3,7 @@
 Spark never speculates on a `local[N]` master (TaskSchedulerImpl starts its speculation thread
 only when not local), and never launches a speculative copy on a host that already runs an
 attempt of the task, so `local-cluster` (one host) never speculates either. This test starts a
-small standalone cluster (`tests.e2e.spark_cluster`) whose two workers bind two loopback
+small standalone cluster (`millstream.testing.spark_cluster`) whose two workers bind two loopback
 addresses, i.e. two hosts, and runs a millstream application in a separate driver process (its own
 SparkSession, `spark.speculation=true`). In the batch with the data, the first attempt of one
 shard task stalls inside user code until Spark's speculative copy of that task, on the other
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
-from tests.e2e.spark_cluster import SparkCluster, spark_env
+from millstream.testing.spark_cluster import SparkCluster, spark_env
 
 SHARDS = 4
 COMPUTATION = "counter"

@@ -1,10 +1,12 @@
-"""A small Spark standalone cluster for end-to-end tests: a master and two 1-core workers that
-bind two loopback addresses (127.0.0.2, 127.0.0.3), i.e. two hosts to Spark's scheduler.
+"""A small Spark standalone cluster on one machine, for end-to-end tests and the scaling bench:
+a master and N 1-core workers, each binding its own loopback address (127.0.0.2, 127.0.0.3, ...),
+i.e. N hosts to Spark's scheduler.
 
 Each daemon runs in its own session; `kill_executor` SIGKILLs one executor JVM (its worker
 launches a new one), `kill_worker` SIGKILLs a whole worker with everything under it (daemon,
-executors, their Python workers), for good. The workers' PYTHONPATH holds the repository, so
-executors import test topologies (`tests.e2e.*_target`) as a user's workers import theirs.
+executors, their Python workers), for good. `pythonpath` goes on the workers' PYTHONPATH, so
+executors import the modules a driver's topology names (a test's `tests.e2e.*_target`) as a
+user's workers import theirs. A driver reaches it with `driver_conf` as SPARK_CONF_DIR.
 """
 
 from __future__ import annotations
@@ -20,9 +22,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-REPO = Path(__file__).resolve().parents[2]
-HOSTS = ("127.0.0.2", "127.0.0.3")
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+
+
+def worker_hosts(count: int) -> tuple[str, ...]:
+    return tuple(f"127.0.0.{2 + i}" for i in range(count))
+
+
+HOSTS = worker_hosts(2)
+
+
+def driver_conf(folder: Path, cores: int = 2, executor_memory: str = "512m") -> Path:
+    """A SPARK_CONF_DIR for a driver of this cluster: it binds loopback so the workers'
+    executors reach it; the application takes at most `cores` cores."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spark-defaults.conf").write_text(
+        "spark.driver.host 127.0.0.1\n"
+        "spark.driver.bindAddress 127.0.0.1\n"
+        f"spark.executor.memory {executor_memory}\n"
+        f"spark.cores.max {cores}\n"
+    )
+    return folder
 
 
 def spark_env(**extra: str) -> dict[str, str]:
@@ -45,9 +65,9 @@ def wait_for_log(path: Path, text: str, count: int, timeout: float, procs: list[
             return
         for proc in procs:
             if proc.poll() is not None:
-                raise AssertionError(f"a Spark daemon exited: {path.read_text()[-2000:]}")
+                raise RuntimeError(f"a Spark daemon exited: {path.read_text()[-2000:]}")
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {text!r} x{count} in {path}")
+    raise RuntimeError(f"timed out waiting for {text!r} x{count} in {path}")
 
 
 def _children() -> dict[int, list[int]]:
@@ -119,15 +139,18 @@ class SparkCluster:
 
 
 @contextlib.contextmanager
-def standalone_cluster(work: Path) -> Iterator[SparkCluster]:
-    """A master on 127.0.0.1 and one 1-core, 768 MB worker per address of HOSTS."""
+def standalone_cluster(
+    work: Path, workers: int = 2, memory_mb: int = 768, pythonpath: tuple[str, ...] = ()
+) -> Iterator[SparkCluster]:
+    """A master on 127.0.0.1 and `workers` 1-core workers of `memory_mb` each, one per
+    address of `worker_hosts(workers)`."""
     from millstream.embedded import free_port
 
     env = spark_env(
         SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",  # no fixed REST port (6066)
         SPARK_WORKER_DIR=str(work / "work"),
         SPARK_DAEMON_MEMORY="384m",
-        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+        PYTHONPATH=os.pathsep.join(p for p in (*pythonpath, os.environ.get("PYTHONPATH")) if p),
     )
     spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
     port = free_port()
@@ -164,7 +187,8 @@ def standalone_cluster(work: Path) -> Iterator[SparkCluster]:
     cluster = SparkCluster(f"spark://127.0.0.1:{port}", work / "work")
     try:
         wait_for_log(master_log, "I have been elected leader", 1, 60, procs)
-        for host in HOSTS:
+        hosts = worker_hosts(workers)
+        for host in hosts:
             _, worker = daemon(
                 f"worker-{host}",
                 [
@@ -174,7 +198,7 @@ def standalone_cluster(work: Path) -> Iterator[SparkCluster]:
                     "--cores",
                     "1",
                     "--memory",
-                    "768m",
+                    f"{memory_mb}m",
                     "--webui-port",
                     str(free_port()),
                     cluster.master,
@@ -182,7 +206,7 @@ def standalone_cluster(work: Path) -> Iterator[SparkCluster]:
                 host,
             )
             cluster.workers[host] = worker
-        wait_for_log(master_log, "Registering worker", len(HOSTS), 60, procs)
+        wait_for_log(master_log, "Registering worker", len(hosts), 60, procs)
         yield cluster
     finally:
         for proc in reversed(procs):
