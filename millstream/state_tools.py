@@ -17,7 +17,13 @@ from typing import Any
 
 from millstream.errors import ConfigurationError
 from millstream.state.keys import ShardKeys, app_key, shard_of
-from millstream.state.shard_count import ShardLayout, shard_counts_key
+from millstream.state.shard_count import (
+    ShardLayout,
+    rescale_reports_key,
+    rescale_requests_key,
+    retired_layouts_key,
+    shard_counts_key,
+)
 from millstream.state.timers import timer_member
 from millstream.state.watermarks import now_ms
 
@@ -193,7 +199,13 @@ def plan_reset(
             *scan(client, app_key(app, "catchup", computation, "*")),
         }
     )
-    plan.fields = {app_key(app, "wm"): [computation], shard_counts_key(app): [computation]}
+    plan.fields = {
+        key: [computation]
+        for key in (
+            app_key(app, "wm"), shard_counts_key(app), rescale_requests_key(app),
+            rescale_reports_key(app), retired_layouts_key(app),
+        )
+    }  # fmt: skip
     for name, raw in client.hgetall(app_key(app, "segments")).items():
         members = json.loads(raw)["computations"]
         if computation not in members:

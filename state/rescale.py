@@ -47,12 +47,13 @@ from millstream.errors import MillstreamError
 from millstream.state import catalog_entries as ce
 from millstream.state.catalog import MOVE_AT, bucket_keys
 from millstream.state.client import RedisClient, RedisPipeline
-from millstream.state.keys import ShardKeys, app_key, shard_of
+from millstream.state.keys import ShardKeys, shard_of
 from millstream.state.lease import RETIRED, acquire, guarded
 from millstream.state.shard_count import (
     ShardLayout,
     rescale_reports_key,
     rescale_requests_key,
+    retired_layouts_key,
     shard_counts_key,
 )
 from millstream.state.timers import timer_key
@@ -102,11 +103,6 @@ class _OldShard:
     production_seq: int
     last_batch: int | None
     pending: int
-
-
-def retired_layouts_key(app: str) -> str:
-    """Hash computation -> the layout a rescale left behind, until its keys are deleted."""
-    return app_key(app, "shards-retired")
 
 
 def new_shard_sources(old: int, new: int, target: int) -> list[int]:

@@ -63,6 +63,11 @@ def rescale_reports_key(app: str) -> str:
     return app_key(app, "rescaled")
 
 
+def retired_layouts_key(app: str) -> str:
+    """Hash computation -> the layout a rescale left behind, until its keys are deleted."""
+    return app_key(app, "shards-retired")
+
+
 def read_layout(client: RedisClient, app: str, computation: str) -> ShardLayout | None:
     raw = client.hget(shard_counts_key(app), computation)
     return None if raw is None else ShardLayout.decode(raw)

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,7 @@ class Bench:
         max_batch: int = 200_000,
         idle_slack_ms: int | None = None,
         driver_read: str | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         """Environment of a millstream (or plain Spark) pipeline process.
 
@@ -130,6 +131,7 @@ class Bench:
         )
         if idle_slack_ms is not None:
             env["MILLSTREAM_IDLE_SLACK_MS"] = str(idle_slack_ms)
+        env.update(extra or {})  # a scenario's own (a standalone cluster's SPARK_CONF_DIR)
         return env
 
 

@@ -109,11 +109,19 @@ class Variant:
 
 
 def run_millstream(
-    bench: Bench, topic: str, events: int, variants: list[Variant], master: str = "local[2]"
+    bench: Bench,
+    topic: str,
+    events: int,
+    variants: list[Variant],
+    master: str = "local[2]",
+    extra_env: dict[str, str] | None = None,
+    label: str | None = None,
 ) -> list[dict[str, Any]]:
     """The window count over the whole topic, once per variant, one after the other in one
-    pipeline process (one Spark session: the JVM starts once); each variant is its own app."""
-    folder = bench.run_dir(f"{NAME}-{master}")
+    pipeline process (one Spark session: the JVM starts once); each variant is its own app.
+    Each row counts the Redis commands its run took (`INFO stats`, the bench's own Redis: the
+    batch-profile poller adds a few per second)."""
+    folder = bench.run_dir(f"{NAME}-{label or master}")
 
     def window_count(source: str, variant: Variant, n: int) -> dict[str, Any]:
         app = f"bt-{uuid.uuid4().hex[:8]}"
@@ -142,7 +150,7 @@ def run_millstream(
     rows = []
     series = {"app": warm["app"], "runs": [warm, *configs], "events": events}
     with millstream_pipeline(
-        bench, series, folder, master=master, max_batch=batch_cap(events)
+        bench, series, folder, master=master, max_batch=batch_cap(events), extra=extra_env
     ) as process:
         say(f"{master}: warming up (JVM, Python workers) on {warm_events} other events")
         process.wait_for(
@@ -159,6 +167,7 @@ def run_millstream(
                 f"{master}, {variant.shards} shards, driver read {read}"
             )
             profile = BatchProfile(client, app, ["window_counter"])
+            commands = redis_commands(client)
             profile.start()
             try:
                 result = _follow(
@@ -171,6 +180,7 @@ def run_millstream(
                 )
             finally:
                 profile.stop()
+            commands = redis_commands(client) - commands
             since = time.monotonic()
             result.update(
                 system=variant.label,
@@ -185,6 +195,8 @@ def run_millstream(
                 duplicates_dropped=metric(client, app, "window_counter", "duplicates"),
                 catalog_reads=metric(client, app, "window_counter", "catalog_reads"),
                 batch_cap=batch_cap(events),
+                redis_commands=commands,
+                redis_commands_per_record=round(commands / events, 3),
             )
             rows.append(result)
         for row in rows:  # one process ran them all
@@ -193,6 +205,14 @@ def run_millstream(
     for row, config in zip(rows, configs, strict=True):
         row["spark"] = spark_progress(folder / PROGRESS_FILE, f"{config['app']}.")
     return rows
+
+
+def redis_commands(client: Any) -> int:
+    """Commands the bench's Redis has processed so far (summed over a cluster's nodes)."""
+    info = client.info("stats")
+    if "total_commands_processed" not in info:  # a cluster client: one dict per node
+        return sum(int(node["total_commands_processed"]) for node in info.values())
+    return int(info["total_commands_processed"])
 
 
 def warmup_topic(bench: Bench, events: int) -> str:

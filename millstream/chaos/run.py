@@ -328,7 +328,29 @@ def _inject(
         sender.hold(fault.seconds)
         time.sleep(fault.seconds)
         result.detail = f"input held {fault.seconds:.0f}s"
+    elif fault.kind == "rescale":
+        result.detail = _rescale(services.redis_url, pipeline.env["MILLSTREAM_APP"], rng)
     return result
+
+
+RESCALE_COUNTS = (2, 3, 4, 6, 8, 12, 16)  # splits, merges and moves between unrelated counts
+
+
+def _rescale(redis_url: str, app: str, rng: random.Random) -> str:
+    """Ask for another shard count of `count` (the stage with per-key state and the exactly-once
+    output); the running driver moves its keys between two batches."""
+    from millstream.state.client import connect
+    from millstream.state.shard_count import read_layout, request_rescale
+
+    client = connect(redis_url, cached=False)
+    try:
+        current = read_layout(client, app, "count")
+        before = current.shards if current else None
+        shards = rng.choice([n for n in RESCALE_COUNTS if n != before])
+        request_rescale(client, app, "count", shards)
+    finally:
+        client.close()
+    return f"count: {before} -> {shards} shards requested"
 
 
 def _events(bootstrap: str, topic: str) -> list[tuple[str, str]]:
@@ -389,7 +411,7 @@ def _verify(
 ) -> dict[str, Any]:
     import redis
 
-    from millstream.state.shard_count import ShardLayout, read_layout
+    from millstream.state.shard_count import ShardLayout, pending_rescales, read_layout
     from millstream.testing.committed_reader import (
         judge_plain_view,
         last_stable_offset,
@@ -467,6 +489,9 @@ def _verify(
             "not_recovered": len(observed.faults) - len(recoveries),
         },
         "unexpected_pipeline_exits": observed.unexpected_exits,
+        # Rescales asked for and not applied by the end (`rescale` faults): none should be.
+        "rescales_pending": pending_rescales(client, app),
+        "count_layout": layout.encode(),
         "peak_pipeline_rss_mib": round(observed.peak_rss / 2**20),
         "output": str(folder),
     }
@@ -504,6 +529,8 @@ def failed_checks(summary: dict[str, Any], max_unexpected_exits: int = 0) -> lis
         failed.append(f"per-key state differs from the truth: {summary['state_mismatches']}")
     if summary["numbering_errors"]:
         failed.append(f"running counts not 1..n for keys {summary['numbering_errors']}")
+    if summary.get("rescales_pending"):
+        failed.append(f"rescales requested and never applied: {summary['rescales_pending']}")
     if summary["recovery_s"]["not_recovered"]:
         failed.append(f"{summary['recovery_s']['not_recovered']} faults never recovered from")
     plain = summary["plain_read_committed_consumer"]

@@ -47,6 +47,7 @@ FAULT_KINDS = (
     "broker-outage",  # every broker connection cut and refused for a while (a TcpProxy)
     "duplicate",  # records already sent are sent again with the same ids
     "delay",  # the input stops for a while, then arrives in a burst
+    "rescale",  # `millstream rescale` of the counting stage to another shard count, while it runs
 )
 
 

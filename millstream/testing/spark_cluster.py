@@ -146,6 +146,8 @@ def standalone_cluster(
     address of `worker_hosts(workers)`."""
     from millstream.embedded import free_port
 
+    work.mkdir(parents=True, exist_ok=True)
+
     env = spark_env(
         SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",  # no fixed REST port (6066)
         SPARK_WORKER_DIR=str(work / "work"),

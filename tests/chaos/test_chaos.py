@@ -17,9 +17,9 @@ pytestmark = pytest.mark.spark
 
 
 def test_every_fault_kind_leaves_no_loss_and_no_duplicate(tmp_path: Path) -> None:
-    # Every kind once, 7 s apart (seed 11 fits all 8 in 62 s): a fault that comes while the
+    # Every kind once, 7 s apart (seed 11 fits all 9 in 70 s): a fault that comes while the
     # pipeline still recovers from the one before waits for that recovery, then hits at once.
-    opts = ChaosOptions(duration=62.0, every=7.0, rate=60.0, seed=11, output=tmp_path)
+    opts = ChaosOptions(duration=70.0, every=7.0, rate=60.0, seed=11, output=tmp_path)
     summary = run_chaos(opts)
     print(text_report(summary))
     assert summary["distinct_ids_in"] > 0.9 * opts.duration * opts.rate
@@ -27,6 +27,8 @@ def test_every_fault_kind_leaves_no_loss_and_no_duplicate(tmp_path: Path) -> Non
     skipped = [f for f in summary["faults"] if "skipped" in f["detail"]]
     assert not skipped, skipped
     assert summary["duplicates_in"] > 0  # the duplicate fault really resent records
+    assert "@" in summary["count_layout"], summary["count_layout"]  # the rescale was applied
+    assert summary["rescales_pending"] == {}
     assert summary["losses"] == 0, summary["verdict"]
     assert summary["duplicates_out"] == 0, summary["verdict"]
     assert summary["unexpected_out"] == 0, summary["verdict"]

@@ -17,9 +17,14 @@ from millstream.records import Production, TimeDomain
 from millstream.state.catalog import Verdict
 from millstream.state.keys import ShardKeys, shard_of
 from millstream.state.lease import RETIRED
-from millstream.state.rescale import MoveWaits, move, new_shard_sources, retired_layouts_key
+from millstream.state.rescale import MoveWaits, move, new_shard_sources
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache
-from millstream.state.shard_count import ShardLayout, read_layout, record_layout
+from millstream.state.shard_count import (
+    ShardLayout,
+    read_layout,
+    record_layout,
+    retired_layouts_key,
+)
 
 BUCKET_MS = 60_000
 T0 = 1_700_000_000_000
