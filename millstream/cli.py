@@ -326,8 +326,9 @@ def _cmd_join(args: argparse.Namespace) -> int:
             print("nothing recovered")
             return 1
     done = join_tools.recover(
-        topology, verdicts, clicks, args.into, redis_url, args.join, abandon=args.abandon
-    )
+        topology, verdicts, clicks, args.into, redis_url, args.join, abandon=args.abandon,
+        kafka=kafka,
+    )  # fmt: skip
     given = f" + {done['abandoned']} in flight on {args.abandon}" if args.abandon else ""
     print(json.dumps(done, indent=2) if args.json else
           f"released {done['released']} of {done['orphans']} orphans{given}; queued "

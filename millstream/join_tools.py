@@ -22,16 +22,18 @@ restarted) leaves the clicks it registered and had not delivered in flight forev
 checkpoints wait in its state for a restart that does not come. `recover --abandon APP` treats
 them as orphans, only once APP has no live holder (`state/holder.py`: no heartbeat for
 `TTL_MS`). It stays at most once when APP does come back: each of its deliveries inserts its
-token first, finds the other pipeline's, and is acknowledged as a lost race. The one case it
-cannot close is a process paused (not dead) between its insert and its output for longer than
-the heartbeat's lapse: it would output after the release, and verify reports that click as
-output twice. So abandon only pipelines whose processes are gone.
+token first, finds the other pipeline's, and is acknowledged as a lost race. A process paused
+(not dead) between its insert and its output for longer than the heartbeat's lapse would output
+after the release: a transactional output is fenced first (`fence_outputs`), an internal
+stream's cannot be, and verify then reports that click as output twice. So abandon only
+pipelines whose processes are gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,9 +271,11 @@ def recover(
     redis_url: str,
     join: str | None = None,
     abandon: str | None = None,
+    kafka: Mapping[str, str] | None = None,
 ) -> dict[str, int]:
     """Release each orphan by its token and queue its click for `into`'s joiner; with
-    `abandon`, that application's clicks in flight too (module doc), once it runs nowhere."""
+    `abandon`, that application's clicks in flight too (module doc), once it runs nowhere,
+    after fencing its transactional outputs (`fence_outputs`, given `kafka`)."""
     spec, op = find_join(topology, join)
     [stream] = spec.inputs
     stranded: list[tuple[str, str]] = []
@@ -280,6 +284,7 @@ def recover(
             raise ConfigurationError(f"--abandon {abandon}: the clicks need another pipeline")
         check_gone(redis_url, abandon)
         stranded = [(c, t) for c, t in verdicts.in_flight if token_app(t) == abandon]
+        fenced = fence_outputs(topology, spec, abandon, redis_url, kafka) if kafka else []
     registry = IdRegistry(connect(op.registry_url or redis_url), op.registry)
     orphans = [(clicks[c], token) for c, token in [*verdicts.orphaned, *stranded]]
     released = registry.release([Claim(c.id, c.timestamp, t) for c, t in orphans])
@@ -299,10 +304,33 @@ def recover(
     return {
         "orphans": len(orphans) - len(stranded),
         "abandoned": len(stranded),
+        "fenced": len(fenced) if abandon is not None and kafka else 0,
         "released": sum(released),
         "requeued": queued.queued,
         "requeued_before": queued.already,
     }
+
+
+def fence_outputs(
+    topology: Topology, spec: ComputationSpec, app: str, redis_url: str, kafka: Mapping[str, str]
+) -> list[str]:
+    """Fence every transactional producer `app`'s joiner delivers its outputs with (one per
+    shard and `KafkaTransactionalSink`), so a process of it that is paused, not dead, cannot
+    commit an output it registered before the release. Outputs to other sinks (an internal
+    stream's idempotent producer) cannot be fenced. Returns the transactional ids fenced."""
+    from millstream.sinks.base import ShardRef
+    from millstream.sinks.kafka_transactional import KafkaTransactionalSink
+
+    sinks = [topology.sinks.get(s) for s in spec.outputs]
+    transactional = [s for s in sinks if isinstance(s, KafkaTransactionalSink)]
+    if not transactional:
+        return []
+    shards = _shards(connect(redis_url), app, spec.name)  # 0: it never ran, nothing to fence
+    fenced: set[str] = set()
+    for sink in transactional:
+        bound = sink.bind(kafka)
+        fenced |= {bound.fence(ShardRef(app, spec.name, s)) for s in range(shards)}
+    return sorted(fenced)
 
 
 def render(verdicts: Verdicts) -> str:

@@ -441,6 +441,16 @@ class KafkaTransactionalSink(Sink):
             old.close()
         return state
 
+    def fence(self, shard: ShardRef) -> str:
+        """Fence whoever delivers `shard` now: init_transactions under its transactional id
+        aborts its open transaction, and its next commit fails as fenced. For a pipeline given
+        up for good (`millstream join recover --abandon`) whose process might only be paused.
+        Returns the transactional id."""
+        state = self._init(shard, Deadline(self._timeout))
+        _SHARDS.pop(self._kafka.cache_key, state.txn_id)
+        state.close()
+        return state.txn_id
+
     def _read_progress(
         self, state: ShardProducer, shard: ShardRef, stream: str, deadline: Deadline
     ) -> None:

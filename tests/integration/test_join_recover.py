@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
 from millstream import join_tools
 from millstream.errors import ConfigurationError
@@ -16,6 +17,11 @@ from millstream.state.client import connect
 from millstream.state.registry import Claim, IdRegistry
 from millstream.state.watermarks import now_ms
 from tests.e2e.join_target import build
+
+FENCED_OR_UNANSWERED = (
+    KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError._TIMED_OUT,
+)  # fmt: skip
 
 
 def _setup(redis_url: str, ns: str) -> tuple[Any, IdRegistry, join_tools.Verdicts, dict]:
@@ -61,7 +67,7 @@ def test_abandon_is_refused_while_the_pipeline_runs_then_releases_only_its_click
     redis_client.hset(holder.holder_key(a), "beat", now_ms() - holder.TTL_MS - 1)
     assert join_tools.running(redis_url, a) is None
     done = join_tools.recover(topology, verdicts, clicks, b, redis_url, abandon=a)
-    assert done == {"orphans": 1, "abandoned": 2, "released": 3, "requeued": 3,
+    assert done == {"orphans": 1, "abandoned": 2, "fenced": 0, "released": 3, "requeued": 3,
                     "requeued_before": 0}  # fmt: skip
     # A's two in flight and the orphan released; B's own click in flight untouched.
     held = dict(zip(clicks, registry.holders([(c, at) for c in clicks]), strict=True))
@@ -79,3 +85,37 @@ def test_without_abandon_only_orphans_are_released(
     assert [t is None for t in registry.holders([(c, at) for c in clicks])] == [
         False, False, False, True,
     ]  # fmt: skip
+
+
+def test_abandon_fences_the_pipelines_transactional_outputs(
+    redis_url: str, redis_namespace: str, kafka_bootstrap: str, kafka_topic_factory: Any
+) -> None:
+    """A paused process of the abandoned pipeline, its output transaction open, can no longer
+    commit it once recover has run: every shard's transactional id is fenced."""
+    from confluent_kafka import KafkaException, Producer
+
+    from millstream.sinks.base import ShardRef
+    from millstream.sinks.kafka_transactional import KafkaTransactionalSink, transactional_id
+    from millstream.state.shard_count import record_layout
+    from millstream.testing.committed_reader import read_committed
+
+    topology, _, verdicts, clicks = _setup(redis_url, redis_namespace)
+    a, b = f"{redis_namespace}-a", f"{redis_namespace}-b"
+    out = kafka_topic_factory(partitions=1)
+    topology.sink("joined", KafkaTransactionalSink(topic=out))
+    record_layout(connect(redis_url), a, "joiner", 2)  # A ran with 2 joiner shards
+    paused = Producer({"bootstrap.servers": kafka_bootstrap,
+                       "transactional.id": transactional_id(ShardRef(a, "joiner", 1))})  # fmt: skip
+    paused.init_transactions(30)
+    paused.begin_transaction()
+    paused.produce(out, b"registered before the release")
+    assert paused.flush(10) == 0
+    kafka = {"bootstrap.servers": kafka_bootstrap}
+    done = join_tools.recover(topology, verdicts, clicks, b, redis_url, abandon=a, kafka=kafka)
+    assert done["fenced"] == 2 and done["abandoned"] == 2
+    with pytest.raises(KafkaException) as raised:
+        paused.commit_transaction(5)
+    # Apache Kafka answers a fenced producer's EndTxn with PRODUCER_FENCED; the embedded broker
+    # leaves it unanswered. Either way the transaction was aborted by the fence: not visible.
+    assert raised.value.args[0].code() in FENCED_OR_UNANSWERED, raised.value
+    assert [r.value for r in read_committed(kafka_bootstrap, out)] == []

@@ -17,13 +17,13 @@ from millstream.connectors.stage_plan import Stage
 from millstream.errors import ConfigurationError
 from millstream.rescale_tool import rescale
 from millstream.state.client import connect
+from millstream.state.shard import ShardConfig
 from millstream.state.shard_count import (
     ShardLayout,
     pending_rescales,
     read_layout,
     request_rescale,
 )
-from millstream.state.shard import ShardConfig
 
 
 class Keep(Computation):
@@ -54,7 +54,9 @@ def client(redis_url: str) -> Any:
     made.close()
 
 
-def test_the_driver_applies_a_request_and_refuses_a_joins(client: Any, redis_namespace: str) -> None:
+def test_the_driver_applies_a_request_and_refuses_a_joins(
+    client: Any, redis_namespace: str
+) -> None:
     app = redis_namespace
     stages = _stages(app)
     take_layouts(client, app, stages)

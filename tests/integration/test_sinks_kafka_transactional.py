@@ -261,6 +261,27 @@ def test_zombie_is_fenced_and_its_records_stay_invisible(
     check_plain_consumer(kafka_bootstrap, topic, batch)
 
 
+def test_fence_leaves_a_paused_owner_unable_to_commit(
+    kafka_bootstrap: str,
+    kafka_topic_factory: Callable[..., str],
+    make_sink: Callable[..., KafkaTransactionalSink],
+    children: list[Child],
+    app: str,
+) -> None:
+    """`fence` (`join recover --abandon`): the owner of an abandoned pipeline's shard, paused
+    with its transaction open, finds itself fenced when it wakes; nothing of it is visible."""
+    topic = kafka_topic_factory(partitions=1)
+    zombie = Child("pause", kafka_bootstrap, topic, app, "z", 5)
+    children.append(zombie)
+    zombie.expect("PRODUCED")
+    fenced = make_sink(topic).fence(ShardRef(app, "comp", 0))
+    assert fenced == transactional_id(ShardRef(app, "comp", 0))
+    zombie.resume()
+    assert zombie.expect("FENCED").startswith("FENCED")
+    assert zombie.proc.wait(timeout=30) == 0
+    assert_exactly_once(kafka_bootstrap, topic, [])
+
+
 def test_crash_mid_transaction_then_recover(
     kafka_bootstrap: str,
     kafka_topic_factory: Callable[..., str],
