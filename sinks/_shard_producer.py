@@ -16,7 +16,9 @@ transactional id), `Abortable` (abort and try again) and the sink's MillstreamEr
 
 from __future__ import annotations
 
+import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -256,3 +258,43 @@ class ShardProducer:
         if err.txn_requires_abort() or err.retriable() or err.code() == KafkaError._TIMED_OUT:
             raise Abortable(err, f"{self.txn_id}: {what}")
         raise classify(err, f"{self.txn_id}: {what}")
+
+
+class ShardProducers:
+    """Per-process LRU of shard producers: each holds threads and sockets, so the count is capped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: collections.OrderedDict[tuple[int, Any, str], ShardProducer] = (
+            collections.OrderedDict()
+        )
+
+    def get(self, config_key: Any, txn_id: str) -> ShardProducer | None:
+        key = (os.getpid(), config_key, txn_id)
+        with self._lock:
+            state = self._items.get(key)
+            if state is not None:
+                self._items.move_to_end(key)
+            return state
+
+    def put(self, config_key: Any, state: ShardProducer, cap: int) -> list[ShardProducer]:
+        """Store and return the least recently used entries pushed over the cap."""
+        pid = os.getpid()
+        with self._lock:
+            self._items[(pid, config_key, state.txn_id)] = state
+            mine = [k for k in self._items if k[0] == pid and k[1] == config_key]
+            return [self._items.pop(k) for k in mine[: max(0, len(mine) - cap)]]
+
+    def pop(self, config_key: Any, txn_id: str) -> ShardProducer | None:
+        with self._lock:
+            return self._items.pop((os.getpid(), config_key, txn_id), None)
+
+    def forget(self, config_key: Any, state: ShardProducer) -> None:
+        """Remove a dropped producer (its `forget`, bound to its sink's config key)."""
+        self.pop(config_key, state.txn_id)
+
+    def drain(self, config_key: Any) -> list[ShardProducer]:
+        pid = os.getpid()
+        with self._lock:
+            keys = [k for k in self._items if k[0] == pid and k[1] == config_key]
+            return [self._items.pop(k) for k in keys]

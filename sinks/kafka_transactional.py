@@ -30,28 +30,24 @@ sink are listed in the README ("Known broker defects of the embedded broker").
 
 from __future__ import annotations
 
-import collections
 import copy
 import functools
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 from confluent_kafka import (
-    Consumer,
     KafkaError,
     KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
 
-from millstream.errors import ConfigurationError, FencedError, MillstreamError, TransientError
+from millstream.errors import ConfigurationError, MillstreamError, TransientError
 from millstream.fault_points import fault_point
 from millstream.kafka_admin import check_topics
 from millstream.kafka_errors import classify, is_fenced, kafka_error
@@ -63,9 +59,27 @@ from millstream.sinks._kafka import (
     static_topics,
     topic_mapping,
 )
+from millstream.sinks._kafka_progress import (
+    NO_PROGRESS as _NO_PROGRESS,
+)
+from millstream.sinks._kafka_progress import (
+    PROGRESS_PARTITION as _PROGRESS_PARTITION,
+)
+from millstream.sinks._kafka_progress import (
+    ensure_progress_topic,
+    fetch_progress,
+    probe_transactions,
+)
+from millstream.sinks._kafka_progress import progress_group as progress_group
 from millstream.sinks._kafka_settings import KafkaSettings
 from millstream.sinks._produce import produce
-from millstream.sinks._shard_producer import RETRY_PAUSE_S, Abortable, Fenced, ShardProducer
+from millstream.sinks._shard_producer import (
+    RETRY_PAUSE_S,
+    Abortable,
+    Fenced,
+    ShardProducer,
+    ShardProducers,
+)
 from millstream.sinks.base import (
     SKIPPED_DELIVERED,
     Delivery,
@@ -77,8 +91,6 @@ from millstream.sinks.base import (
 log = logging.getLogger(__name__)
 
 PROGRESS_TOPIC = "__millstream_progress"
-_PROGRESS_PARTITION = 0
-_NO_PROGRESS = -1
 _FLUSH_SLICE_S = 0.5
 
 
@@ -87,52 +99,7 @@ def transactional_id(shard: ShardRef) -> str:
     return f"millstream.{shard.app}.{shard.computation}.{shard.shard}"
 
 
-def progress_group(shard: ShardRef, stream: str) -> str:
-    """The consumer group whose committed offset is `highest delivered seq + 1`."""
-    return f"millstream.progress.{shard.app}.{shard.computation}.{shard.shard}.{stream}"
-
-
-class _ShardProducers:
-    """Per-process LRU of shard producers: each holds threads and sockets, so the count is capped."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: collections.OrderedDict[tuple[int, Any, str], ShardProducer] = (
-            collections.OrderedDict()
-        )
-
-    def get(self, config_key: Any, txn_id: str) -> ShardProducer | None:
-        key = (os.getpid(), config_key, txn_id)
-        with self._lock:
-            state = self._items.get(key)
-            if state is not None:
-                self._items.move_to_end(key)
-            return state
-
-    def put(self, config_key: Any, state: ShardProducer, cap: int) -> list[ShardProducer]:
-        """Store and return the least recently used entries pushed over the cap."""
-        pid = os.getpid()
-        with self._lock:
-            self._items[(pid, config_key, state.txn_id)] = state
-            mine = [k for k in self._items if k[0] == pid and k[1] == config_key]
-            return [self._items.pop(k) for k in mine[: max(0, len(mine) - cap)]]
-
-    def pop(self, config_key: Any, txn_id: str) -> ShardProducer | None:
-        with self._lock:
-            return self._items.pop((os.getpid(), config_key, txn_id), None)
-
-    def forget(self, config_key: Any, state: ShardProducer) -> None:
-        """Remove a dropped producer (its `forget`, bound to its sink's config key)."""
-        self.pop(config_key, state.txn_id)
-
-    def drain(self, config_key: Any) -> list[ShardProducer]:
-        pid = os.getpid()
-        with self._lock:
-            keys = [k for k in self._items if k[0] == pid and k[1] == config_key]
-            return [self._items.pop(k) for k in keys]
-
-
-_SHARDS = _ShardProducers()
+_SHARDS = ShardProducers()
 _SETUP_DONE: set[tuple[Any, ...]] = set()
 _SETUP_LOCK = threading.Lock()
 
@@ -492,93 +459,11 @@ class KafkaTransactionalSink(Sink):
 
     def _fetch_progress(self, shard: ShardRef, stream: str, deadline: Deadline) -> tuple[int, Any]:
         """(highest committed seq, consumer group metadata) of (shard, stream) on the broker."""
-        group = progress_group(shard, stream)
-        consumer = Consumer(
-            {
-                **self._kafka.connection,
-                "group.id": group,
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-            }
-        )
-        try:
-            tp = TopicPartition(self._progress_topic, _PROGRESS_PARTITION)
-            while True:
-                error: KafkaError | None
-                try:
-                    (got,) = consumer.committed([tp], timeout=max(0.1, deadline.left()))
-                    error = got.error
-                except KafkaException as exc:
-                    error = kafka_error(exc)
-                    if error is None:
-                        raise
-                if error is None:
-                    break
-                if not error.retriable() or deadline.expired():
-                    raise classify(error, f"shard {shard}: reading progress of group {group!r}")
-                time.sleep(RETRY_PAUSE_S)
-            seq = got.offset - 1 if got.offset >= 0 else _NO_PROGRESS
-            return seq, consumer.consumer_group_metadata()
-        finally:
-            consumer.close()
+        return fetch_progress(self._kafka.connection, self._progress_topic, shard, stream, deadline)
 
     # ------------------------------------------------------------------------------ setup
     def _ensure_progress_topic(self) -> None:
-        admin = AdminClient(dict(self._kafka.connection))
-        try:
-            metadata = admin.list_topics(timeout=self._metadata_timeout)
-        except KafkaException as exc:
-            raise TransientError(
-                f"Kafka at {self._kafka.connection.get('bootstrap.servers')} did not answer ({exc}): "
-                "check the bootstrap servers and that the broker runs"
-            ) from None
-        if self._progress_topic in metadata.topics:
-            return
-        topic = NewTopic(
-            self._progress_topic,
-            num_partitions=1,
-            replication_factor=-1,
-            config={"cleanup.policy": "compact", "retention.ms": "-1"},
-        )
-        future = admin.create_topics([topic], operation_timeout=self._metadata_timeout)[
-            self._progress_topic
-        ]
-        try:
-            future.result(timeout=self._metadata_timeout)
-        except KafkaException as exc:
-            err = kafka_error(exc)
-            if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                return
-            raise ConfigurationError(
-                f"cannot create the progress topic {self._progress_topic!r} ({exc}): create it "
-                "yourself (1 partition, cleanup.policy=compact) or grant CreateTopics"
-            ) from None
+        ensure_progress_topic(self._kafka.connection, self._progress_topic, self._metadata_timeout)
 
     def _probe_transactions(self) -> None:
-        """init_transactions with a throw-away id: proves the broker and ACLs allow them."""
-        probe_id = f"millstream.setup-probe.{socket.gethostname()}.{os.getpid()}"
-        producer = Producer({**self._kafka.producer, "transactional.id": probe_id})
-        try:
-            producer.init_transactions(self._metadata_timeout)
-        except KafkaException as exc:
-            err = kafka_error(exc)
-            if err is not None and err.code() == KafkaError._TIMED_OUT:
-                raise ConfigurationError(
-                    f"Kafka at {self._kafka.connection.get('bootstrap.servers')} did not initialise a "
-                    f"transaction within {self._metadata_timeout:.0f}s: transactions need a "
-                    "transaction coordinator (on a single-broker Apache Kafka set "
-                    "transaction.state.log.replication.factor=1 and "
-                    "transaction.state.log.min.isr=1), or use KafkaIdempotentSink"
-                ) from None
-            if err is not None:
-                error: MillstreamError = classify(err, "transactions are unavailable")
-                if isinstance(error, TransientError | FencedError):
-                    error = ConfigurationError(
-                        f"transactions are unavailable on {self._kafka.connection.get('bootstrap.servers')}"
-                        f": {err.name()} ({err.str()}); use Apache Kafka 2.5+ or KafkaIdempotentSink"
-                    )
-                raise error from None
-            raise
-        finally:
-            producer.purge(in_queue=True, in_flight=False, blocking=False)
+        probe_transactions(self._kafka.producer, self._kafka.connection, self._metadata_timeout)
