@@ -13,6 +13,7 @@ from millstream.connectors.app import Application
 from millstream.connectors.targets import Endpoints
 from millstream.connectors.topology import Topology
 from millstream.settings import Settings
+from millstream.testing.infra import RedisClusterHandle, start_redis_cluster
 from millstream.testing.spark_cluster import SparkCluster, standalone_cluster
 from tests.e2e.sink_faults import ROOT, RecordedKafka, start_recorded_kafka
 
@@ -22,6 +23,16 @@ def recorded_kafka(tmp_path: Path) -> Iterator[RecordedKafka]:
     """`durable_kafka` behind a proxy that records the broker's transactional answers."""
     with start_recorded_kafka(tmp_path / "durable-kafka") as kafka:
         yield kafka
+
+
+@pytest.fixture
+def redis_with_replicas(tmp_path: Path) -> Iterator[RedisClusterHandle]:
+    """A private 3-primary Redis Cluster, a replica each (local processes: one is killed)."""
+    handle = start_redis_cluster(tmp_path / "redis-cluster", environ={}, replicas=1)
+    try:
+        yield handle
+    finally:
+        handle.close()
 
 
 @pytest.fixture

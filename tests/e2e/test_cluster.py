@@ -24,7 +24,6 @@ import json
 import random
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from millstream.state.keys import ShardKeys
 from millstream.state.watermarks import WatermarkAuthority
 from millstream.status import committed_counters
 from millstream.testing.committed_reader import read_committed
-from millstream.testing.infra import RedisClusterHandle, start_redis_cluster
+from millstream.testing.infra import RedisClusterHandle
 from millstream.testing.process import PipelineProcess
 from millstream.testing.spark_cluster import HOSTS, SparkCluster, driver_conf
 from tests.e2e.cluster_target import SHARDS, WINDOW
@@ -75,16 +74,6 @@ def _truth(events: list[Event]) -> dict[str, dict[str, int]]:
         window = f"{ts - ts % size}|{ts - ts % size + size}"
         out[key][window] = out[key].get(window, 0) + 1
     return dict(out)
-
-
-@pytest.fixture
-def redis_with_replicas(tmp_path: Path) -> Iterator[RedisClusterHandle]:
-    """A private 3-primary Redis Cluster, a replica each (local processes: one is killed)."""
-    handle = start_redis_cluster(tmp_path / "redis-cluster", environ={}, replicas=1)
-    try:
-        yield handle
-    finally:
-        handle.close()
 
 
 def _cluster_nodes(node: str) -> list[list[str]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from millstream.state.keys import ShardKeys
 from millstream.state.registry import DAY_MS, IdRegistry, RegistryLayout
 from millstream.state.watermarks import now_ms
 from millstream.testing.committed_reader import read_committed
-from millstream.testing.infra import RedisClusterHandle, start_redis_cluster
+from millstream.testing.infra import RedisClusterHandle
 from millstream.testing.process import PipelineProcess
 from tests.e2e.conftest import metric
 from tests.e2e.sink_faults import ROOT, pipeline_env
@@ -51,16 +51,6 @@ TICK_S, PER_TICK = 0.5, 10  # fresh clicks per tick
 LATE, RESENT = 0.3, 0.05  # clicks whose query comes 1-3 ticks later; clicks sent twice
 JOINER_SHARDS = 2  # tests/e2e/join_target.py
 AGAIN = 20  # clicks sent again under new record ids after the failover, at most
-
-
-@pytest.fixture
-def redis_with_replicas(tmp_path: Path) -> Iterator[RedisClusterHandle]:
-    """A private 3-primary Redis Cluster, a replica each (local processes: one is killed)."""
-    handle = start_redis_cluster(tmp_path / "redis-cluster", environ={}, replicas=1)
-    try:
-        yield handle
-    finally:
-        handle.close()
 
 
 class Traffic:
