@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -127,8 +129,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return 0
     # Refresh in place: clear the screen and draw again (plain frames when not a terminal).
     clear = "\033[H\033[2J" if sys.stdout.isatty() else "\n"
+    # Ctrl-C ends the loop between two frames: a KeyboardInterrupt raised anywhere (inside the
+    # Redis client's parser, in the middle of a write) could leave the process stuck at exit.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     try:
-        while True:
+        while not stop.is_set():
             try:
                 frame = _render_status(status(client, app), args.json)
             except redis.RedisError as exc:  # keep watching: Redis may come back
@@ -136,9 +142,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
             stamp = time.strftime("%H:%M:%S")
             sys.stdout.write(f"{clear}every {args.watch:g}s, {stamp} (Ctrl-C stops)\n{frame}\n")
             sys.stdout.flush()
-            time.sleep(args.watch)
-    except KeyboardInterrupt:
-        return 0
+            stop.wait(args.watch)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 0
 
 
 def _render_status(snapshot: dict[str, Any], as_json: bool) -> str:

@@ -192,25 +192,27 @@ def test_status_watch_redraws_until_ctrl_c(
         "MILLSTREAM_APP": redis_namespace,
         "PYTHONFAULTHANDLER": "1",  # a crash (one CI run saw SIGSEGV on Ctrl-C) prints its stack
     }
-    out = tmp_path / "watch.out"
-    with out.open("wb") as sink:
+    out, errors = tmp_path / "watch.out", tmp_path / "watch.err"
+    # stderr to a file, not a pipe: nobody reads a pipe until the end, and a process whose
+    # pipe is full blocks on its next write (Ctrl-C could then never end it).
+    with out.open("wb") as sink, errors.open("wb") as err_sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "millstream.cli", "status", "--watch", "0.2"],
             env=env,
             cwd=tmp_path,
             stdout=sink,
-            stderr=subprocess.PIPE,
+            stderr=err_sink,
         )
     try:
         deadline = time.monotonic() + 60
         while out.read_text().count("Ctrl-C stops") < 3 and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert proc.poll() is None, errors.read_text()
             time.sleep(0.1)
         redis_client.hset(ShardKeys(redis_namespace, "tally", 1).counters, "records", 105)
         # A redraw after the write shows it; wait for one (a loaded machine redraws slowly).
         deadline = time.monotonic() + 30
         while "records 111," not in out.read_text() and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert proc.poll() is None, errors.read_text()
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)
@@ -218,7 +220,7 @@ def test_status_watch_redraws_until_ctrl_c(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    err = proc.stderr.read().decode() if proc.stderr else ""
+    err = errors.read_text()
     assert code == 0, err
     assert "Traceback" not in err, err
     frames = out.read_text().split("every 0.2s, ")[1:]
