@@ -61,13 +61,6 @@ def apply_rescales(client: RedisClient, app: str, stages: Mapping[str, Stage]) -
 
 
 def _refusal(stage: Stage, shards: int) -> str | None:
-    from millstream.connectors.join_operator import JoinOperator
-
-    if isinstance(stage.spec.computation, JoinOperator):
-        return (
-            "a join's registry tokens and recovery name its shards, so a join keeps its shard "
-            "count (rescaling joins is not built yet)"
-        )
     if shards == stage.shards:
         return f"it already runs with {shards} shards"
     return None

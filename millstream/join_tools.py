@@ -46,6 +46,7 @@ from millstream.state import holder, replay
 from millstream.state.client import RedisClient, connect
 from millstream.state.keys import ShardKeys
 from millstream.state.registry import Claim, IdRegistry
+from millstream.state.shard_count import ShardLayout, read_layout
 from millstream.state.watermarks import now_ms
 from millstream.state_tools import shard_count
 from millstream.topic_reader import read_to_end
@@ -212,7 +213,7 @@ def verify(
     for app in apps:
         with contextlib.suppress(ConfigurationError):  # nothing unjoined there yet
             unjoined |= {m.key().decode() for m in read_to_end(kafka, f"{app}.{op.unjoined}")}
-    shards = {a: _shards(client, a, spec.name) for a in apps}
+    layouts = {a: read_layout(client, a, spec.name) for a in apps}
     out = Verdicts(clicks=len(clicks))
     for click in clicks.values():
         apps_out = second.get(click.id, [])
@@ -229,7 +230,9 @@ def verify(
             (out.in_flight if token in pending else out.orphaned).append((click.id, token))
         elif click.id in unjoined:
             out.unjoined.append(click.id)
-        elif any(_waiting(client, a, spec.name, n, click.id) for a, n in shards.items() if n):
+        elif any(
+            _waiting(client, a, spec.name, click.id, lay) for a, lay in layouts.items() if lay
+        ):
             out.waiting.append(click.id)
         else:
             out.missing.append(click.id)
@@ -237,11 +240,21 @@ def verify(
 
 
 def _checkpointed(client: RedisClient, tokens: list[str]) -> set[str]:
-    """The tokens whose production is still checkpointed (not yet acknowledged)."""
+    """The tokens whose production is still checkpointed (not yet acknowledged).
+
+    Looked up under the joiner's current shard layout: a rescale moves keys only once its old
+    shards have delivered every checkpoint, so a token of an older layout has none left, and
+    its shard number (if the new layout has it) holds no checkpoint of that production id."""
+    layouts: dict[tuple[str, str], ShardLayout | None] = {}
     parsed = []
     for token in tokens:
         app, computation, shard, hex_id = token.rsplit("|", 3)
-        parsed.append((token, ShardKeys(app, computation, int(shard)), bytes.fromhex(hex_id)))
+        if (app, computation) not in layouts:
+            layouts[(app, computation)] = read_layout(client, app, computation)
+        layout = layouts[(app, computation)]
+        generation = layout.generation if layout else 0
+        keys = ShardKeys(app, computation, int(shard), generation)
+        parsed.append((token, keys, bytes.fromhex(hex_id)))
     if not parsed:
         return set()
     pipe = client.pipeline(transaction=False)
@@ -257,9 +270,14 @@ def _shards(client: RedisClient, app: str, computation: str) -> int:
         return 0  # this application has not run
 
 
-def _waiting(client: RedisClient, app: str, computation: str, shards: int, click: str) -> bool:
-    # A join keeps its first layout: `connectors/rescaling.py` refuses to rescale one.
-    keys = ShardKeys(app, computation, shard_of(click, shards))
+def _waiting(
+    client: RedisClient, app: str, computation: str, click: str, layout: ShardLayout | None = None
+) -> bool:
+    """Whether `click` waits in the state of `app`'s joiner (its recorded layout, or `layout`)."""
+    layout = layout or read_layout(client, app, computation)
+    if layout is None:
+        return False  # it never ran
+    keys = ShardKeys(app, computation, shard_of(click, layout.shards), layout.generation)
     return bool(client.hexists(keys.state, click))
 
 

@@ -15,7 +15,12 @@ from typing import Any
 
 from millstream.state import holder as holders
 from millstream.state.rescale import describe_request
-from millstream.state.shard_count import read_layout, request_rescale
+from millstream.state.shard_count import (
+    pending_rescales,
+    read_layout,
+    request_rescale,
+    rescale_requests_key,
+)
 from millstream.state.watermarks import now_ms
 from millstream.state_tools import layout_of
 
@@ -34,6 +39,12 @@ def rescale(
     """Exit status: 0 applied (or recorded for the next start), 1 refused or not applied yet."""
     before = layout_of(client, app, computation)  # refuses an unknown computation
     if before.shards == shards:
+        waiting = pending_rescales(client, app).get(computation)
+        if waiting is not None:  # back to the count it has: the request not applied yet goes
+            client.hdel(rescale_requests_key(app), computation)
+            say(f"{computation} of {app} stays at {shards} shards: the request for {waiting} "
+                "shards, not applied yet, is withdrawn")  # fmt: skip
+            return 0
         say(f"{computation} of {app} already runs with {before.describe()}: nothing to do")
         return 0
     last = describe_request(client, app, computation)

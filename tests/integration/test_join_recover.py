@@ -119,3 +119,26 @@ def test_abandon_fences_the_pipelines_transactional_outputs(
     # leaves it unanswered. Either way the transaction was aborted by the fence: not visible.
     assert raised.value.args[0].code() in FENCED_OR_UNANSWERED, raised.value
     assert [r.value for r in read_committed(kafka_bootstrap, out)] == []
+
+
+def test_verify_finds_a_rescaled_joiners_checkpoints_and_waiting_clicks(
+    redis_url: str, redis_client: Any, redis_namespace: str
+) -> None:
+    """After `millstream rescale` of a joiner, its shards live under the new layout's keys:
+    a click in flight there is in flight (not an orphan to release), a waiting one waiting."""
+    from millstream.state.keys import ShardKeys, shard_of
+    from millstream.state.shard_count import ShardLayout, shard_counts_key
+
+    a = f"{redis_namespace}-a"
+    layout = ShardLayout(3, 2)  # rescaled twice: 3 shards under generation 2's keys
+    redis_client.hset(shard_counts_key(a), "joiner", layout.encode())
+    production = bytes.fromhex("ab" * 8)
+    held = ShardKeys(a, "joiner", 1, layout.generation)
+    redis_client.hset(held.productions, production, b"checkpoint")
+    token = f"{a}|joiner|1|{production.hex()}"
+    stale = f"{a}|joiner|2|{'cd' * 8}"  # an older layout's token: its checkpoint is gone
+    assert join_tools._checkpointed(redis_client, [token, stale]) == {token}
+    waiting = ShardKeys(a, "joiner", shard_of("c9", 3), layout.generation)
+    redis_client.hset(waiting.state, "c9", b"{}")
+    assert join_tools._waiting(redis_client, a, "joiner", "c9")
+    assert not join_tools._waiting(redis_client, a, "joiner", "c8")
