@@ -22,6 +22,7 @@ from confluent_kafka import Producer
 from millstream.connectors.topics import ensure_topics
 from millstream.demo.photon_traffic import OutputWatcher
 from millstream.embedded import start_redis
+from millstream.state.shard_count import ShardLayout, read_layout
 from millstream.state.watermarks import now_ms
 from millstream.testing.process import PipelineProcess
 from millstream.testing.proxy import TcpProxy, quiet_port
@@ -119,6 +120,7 @@ def test_one_pipeline_cut_off_from_the_registry_then_killed_for_good(
        click. `join verify` finds A's registered clicks in flight on A. `join recover
        --abandon` is refused for a pipeline that runs (B); for A, gone, it releases them by
        their tokens and B joins them.
+    3. Meanwhile B's joiner is rescaled from 2 to 3 shards (`millstream rescale`).
     Every click is output once, by A or by B, with its query; no sample ever saw a click twice.
     """
     apps = [f"{redis_namespace}-a", f"{redis_namespace}-b"]
@@ -192,6 +194,13 @@ def test_one_pipeline_cut_off_from_the_registry_then_killed_for_good(
         _arm_next_hit(crash_file, 1_000_000)
         assert a.wait_exit(60) == -9, a.log_tail()
         assert "CRASH after_registry_insert" in crash_file.read_text()
+        # 3. B's joiner moves from 2 to 3 shards while it carries every click, some waiting
+        #    for their queries (`millstream rescale` waits until B's driver applied it).
+        moved = subprocess.run(
+            [sys.executable, "-m", "millstream.cli", "rescale", apps[1], "joiner", "--shards",
+             "3"], env=envs[apps[1]], cwd=ROOT, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert moved.returncode == 0 and "rescaled joiner" in moved.stdout, moved
         traffic.join(SECONDS + 60)
         assert traffic.error is None and not traffic.is_alive(), traffic.error
         sent = traffic.sent
@@ -238,6 +247,7 @@ def test_one_pipeline_cut_off_from_the_registry_then_killed_for_good(
             assert seen.bodies[click] == {"click": click, "query": query, "text": f"t{query}"}
             assert len(seen.outputs[click]) == 1, click
         assert b.alive, b.log_tail()
+        assert read_layout(redis_client, apps[1], "joiner") == ShardLayout(3, 1)
     finally:
         traffic.join(5)
         watcher.stop()
