@@ -14,12 +14,12 @@ import base64
 import dataclasses
 import hashlib
 import json
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from millstream.connectors.computation import Context
 from millstream.connectors.plan import BatchPlan
+from millstream.connectors.production_ids import new_production_id
 from millstream.connectors.serde import serde_named
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec
 from millstream.errors import MillstreamError
@@ -99,7 +99,7 @@ def dead_letter(
         key=key,
         value=json.dumps(body, sort_keys=True).encode(),
         timestamp=timestamp,
-        id=uuid.uuid4().bytes,
+        id=new_production_id(),
         system_time=plan.now,
     )
 
@@ -119,10 +119,6 @@ def _bytes_field(name: str, raw: bytes) -> dict[str, str]:
 
 def _timer_body(timer: Timer) -> dict[str, Any]:
     return {"tag": timer.tag, "time": timer.time, "domain": timer.domain.value, "hold": timer.hold}
-
-
-def _random_id() -> bytes:
-    return uuid.uuid4().bytes
 
 
 class KeyRunner:
@@ -150,7 +146,7 @@ class KeyRunner:
         before the commit, so a re-run must re-emit the same ids for consumers to drop: they
         derive from what triggered them (record id, or timer) and their index in the call."""
         if self.weak is None:
-            return _random_id
+            return new_production_id
         if isinstance(origin, Record):
             seed = b"r" + origin.id
         else:

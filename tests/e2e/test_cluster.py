@@ -20,10 +20,8 @@ window delivered once.
 
 from __future__ import annotations
 
-import json
 import random
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -32,48 +30,15 @@ from confluent_kafka import Producer
 
 from millstream.state.keys import ShardKeys
 from millstream.state.watermarks import WatermarkAuthority
-from millstream.status import committed_counters
-from millstream.testing.committed_reader import read_committed
 from millstream.testing.infra import RedisClusterHandle
 from millstream.testing.process import PipelineProcess
 from millstream.testing.spark_cluster import HOSTS, SparkCluster, driver_conf
-from tests.e2e.cluster_target import SHARDS, WINDOW
+from tests.e2e.cluster_target import SHARDS
 from tests.e2e.conftest import shard_states
 from tests.e2e.sink_faults import ROOT, pipeline_env
+from tests.e2e.window_traffic import KEYS, PARTITIONS, Event, check, drain, send
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
-
-KEYS = 16
-PARTITIONS = 8
-
-Event = tuple[str, str, int]  # id, key, timestamp
-
-
-def _send(producer: Producer, topic: str, rng: random.Random, events: list[Event], n: int) -> None:
-    """n events stamped now (up to 800 ms out of order), 5% of them sent twice."""
-    now = int(time.time() * 1000)
-    fresh = [
-        (f"e{i}", f"k{rng.randrange(KEYS)}", now - rng.randrange(800))
-        for i in range(len(events), len(events) + n)
-    ]
-    for event_id, key, ts in fresh + rng.sample(fresh, max(1, n // 20)):
-        producer.produce(
-            topic, key=key, value=json.dumps({"e": event_id, "k": key}),
-            headers=[("id", event_id.encode())], timestamp=ts,
-            partition=rng.randrange(PARTITIONS),
-        )  # fmt: skip
-    assert producer.flush(10) == 0
-    events.extend(fresh)
-
-
-def _truth(events: list[Event]) -> dict[str, dict[str, int]]:
-    """Per key, every 1 s window's count, by arithmetic."""
-    out: dict[str, dict[str, int]] = defaultdict(dict)
-    size = WINDOW.size_ms
-    for _, key, ts in events:
-        window = f"{ts - ts % size}|{ts - ts % size + size}"
-        out[key][window] = out[key].get(window, 0) + 1
-    return dict(out)
 
 
 def _cluster_nodes(node: str) -> list[list[str]]:
@@ -179,7 +144,7 @@ def test_a_pipeline_on_a_spark_cluster_and_redis_cluster_survives_executor_worke
         while not condition():
             assert pipeline.alive(), pipeline.log_tail()
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            _send(producer, source, rng, events, 40)
+            send(producer, source, rng, events, 40)
             time.sleep(0.5)
 
     def more_collected(what: str) -> None:
@@ -204,7 +169,7 @@ def test_a_pipeline_on_a_spark_cluster_and_redis_cluster_survives_executor_worke
         # 3. The driver, restarted from its checkpoint.
         pipeline.kill9()
         assert pipeline.wait_exit(10) == -9
-        _send(producer, source, rng, events, 40)
+        send(producer, source, rng, events, 40)
         pipeline.start()
         more_collected("windows after the driver was restarted")
         # 4. The primary holding the collector's first shard fails over to its replica.
@@ -215,19 +180,7 @@ def test_a_pipeline_on_a_spark_cluster_and_redis_cluster_survives_executor_worke
         ]
         moved = fail_over(redis_with_replicas, shard_keys)
         more_collected(f"windows after the failover {moved}")
-        for _ in range(4):
-            _send(producer, source, rng, events, 40)
-            time.sleep(0.5)
-        truth = _truth(events)
-        expected = sum(len(w) for w in truth.values())
-        last_end = max(int(w.split("|")[1]) for windows in truth.values() for w in windows)
-
-        def done() -> bool:
-            marks = [authority.published(c) for c in ("tumbling", "collector")]
-            return collected() >= expected and all(m and m.event > last_end for m in marks)
-
-        pipeline.wait_for(done, 180, f"{expected} window counts and every watermark past")
-        time.sleep(2.0)  # a (wrong) second delivery would land by now
+        truth = drain(pipeline, producer, source, rng, events, authority, collected)
     finally:
         pipeline.stop(30)
         producer.flush(10)
@@ -236,24 +189,6 @@ def test_a_pipeline_on_a_spark_cluster_and_redis_cluster_survives_executor_worke
         f"{len(events)} events ({sum(len(w) for w in truth.values())} windows) through an "
         f"executor kill, a worker loss and a driver restart"
     )
-    # State: every window's count, each received once.
-    states = shard_states(client, app, "collector", SHARDS)
-    assert {k: s["windows"] for k, s in states.items()} == truth
-    assert all(s["again"] == [] for s in states.values()), "a window count arrived twice"
-    counters = committed_counters(client, app, "tumbling", SHARDS)
-    assert counters.get("records") == len(events), counters
-    assert counters.get("duplicates", 0) >= 1, counters  # the 5% resent were seen
-    assert counters.get("late", 0) == 0 and counters.get("dead_letters", 0) == 0, counters
-    assert shard_states(client, app, "tumbling", SHARDS) == {}  # every window closed
-    # Output: what a read_committed consumer of the sink's topic sees, each window once.
-    delivered: dict[str, dict[str, int]] = defaultdict(dict)
-    twice = []
-    for record in read_committed(kafka_bootstrap, output):
-        body = json.loads(record.value or b"")
-        if body["w"] in delivered[body["k"]]:
-            twice.append(body)
-        delivered[body["k"]][body["w"]] = body["n"]
-    assert twice == []
-    assert dict(delivered) == truth
+    states = check(client, app, kafka_bootstrap, output, events, truth, SHARDS)
     # The collector's shard work ran in executors on both hosts, never in the driver.
     assert {h for s in states.values() for h in s["hosts"]} == set(HOSTS)

@@ -25,7 +25,6 @@ import random
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +33,10 @@ from confluent_kafka import Producer
 
 from millstream.state.shard_count import ShardLayout, read_layout
 from millstream.state.watermarks import WatermarkAuthority
-from millstream.status import committed_counters
-from millstream.testing.committed_reader import read_committed
 from millstream.testing.process import PipelineProcess
 from tests.e2e.conftest import shard_states
 from tests.e2e.sink_faults import ROOT, pipeline_env
-from tests.e2e.test_cluster import KEYS, PARTITIONS, Event, _send, _truth
+from tests.e2e.window_traffic import KEYS, PARTITIONS, Event, check, drain, send
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -56,6 +53,7 @@ def _rescale(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
 def _finished(command: subprocess.Popen[str], timeout: float) -> str:
     out, _ = command.communicate(timeout=timeout)
     assert command.returncode == 0, out
+    print(out)  # what moved and how long the move took, in the test's output
     return out
 
 
@@ -98,7 +96,7 @@ def test_a_running_pipeline_is_rescaled_8_16_4_through_a_crash_mid_move(
         while not condition():
             assert dies or pipeline.alive(), pipeline.log_tail()
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            _send(producer, source, rng, events, 40)
+            send(producer, source, rng, events, 40)
             time.sleep(0.5)
 
     def more_collected(what: str) -> None:
@@ -149,48 +147,21 @@ def test_a_running_pipeline_is_rescaled_8_16_4_through_a_crash_mid_move(
         more_collected("windows after the merges")
         # 3. A request made while the pipeline is stopped: its next start applies it.
         pipeline.stop(30)
-        _send(producer, source, rng, events, 40)
+        send(producer, source, rng, events, 40)
         stopped = _rescale(env, "collector", "--shards", "6")
         assert "its next `millstream run` moves the keys" in _finished(stopped, 30)
         pipeline.start(env)
         resend_old(20)
         more_collected("windows after the restart that applied the rescale")
         assert layout("collector") == ShardLayout(6, 2)
-        for _ in range(4):
-            _send(producer, source, rng, events, 40)
-            time.sleep(0.5)
-        truth = _truth(events)
-        expected = sum(len(w) for w in truth.values())
-        last_end = max(int(w.split("|")[1]) for windows in truth.values() for w in windows)
-
-        def done() -> bool:
-            marks = [authority.published(c) for c in ("tumbling", "collector")]
-            return collected() >= expected and all(m and m.event > last_end for m in marks)
-
-        pipeline.wait_for(done, 180, f"{expected} window counts and every watermark past")
-        time.sleep(2.0)  # a (wrong) second delivery would land by now
+        truth = drain(pipeline, producer, source, rng, events, authority, collected)
     finally:
         pipeline.stop(30)
         producer.flush(10)
 
-    states = shard_states(client, app, "collector", 8)
-    assert {k: s["windows"] for k, s in states.items()} == truth
-    assert all(s["again"] == [] for s in states.values()), "a window count arrived twice"
-    counters = committed_counters(client, app, "tumbling")
-    assert counters.get("records") == len(events), counters  # counters moved with the keys
-    # The 5% sent twice, and every event sent again after a move, were recognised.
-    assert counters.get("duplicates", 0) >= len(resent) + 1, counters
-    assert counters.get("late", 0) == 0 and counters.get("dead_letters", 0) == 0, counters
-    assert shard_states(client, app, "tumbling", 8) == {}  # every window closed
-    delivered: dict[str, dict[str, int]] = defaultdict(dict)
-    twice = []
-    for record in read_committed(kafka_bootstrap, output):
-        body = json.loads(record.value or b"")
-        if body["w"] in delivered[body["k"]]:
-            twice.append(body)
-        delivered[body["k"]][body["w"]] = body["n"]
-    assert twice == []
-    assert dict(delivered) == truth
+    # Counters moved with the keys; the 5% sent twice, and every event sent again after a
+    # move, were recognised.
+    check(client, app, kafka_bootstrap, output, events, truth, 8, len(resent) + 1)
     # Only the current layouts' keys are left (and the old shards' tombstone sequencers).
     left = {k.decode() for k in client.scan_iter(match=f"ms:{{{app}:*", count=1000)}
     current = {f"ms:{{{app}:tumbling:{s}@2}}" for s in range(4)}
