@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from millstream.state import holder as holders
-from millstream.state.rescale import describe_request
+from millstream.state.rescale import last_report
 from millstream.state.shard_count import (
     pending_rescales,
     read_layout,
@@ -47,7 +47,7 @@ def rescale(
             return 0
         say(f"{computation} of {app} already runs with {before.describe()}: nothing to do")
         return 0
-    last = describe_request(client, app, computation)
+    last = last_report(client, app, computation)
     request_rescale(client, app, computation, shards)
     say(f"requested: {computation} of {app} from {before.describe()} to {shards} shards")
     running = holders.current(client, app)
@@ -64,7 +64,7 @@ def rescale(
     shown = started
     while time.monotonic() - started < timeout_s:
         layout = read_layout(client, app, computation)
-        report = describe_request(client, app, computation)
+        report = last_report(client, app, computation)
         if layout is not None and layout != before:
             moved = report or {}
             say(

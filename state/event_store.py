@@ -47,7 +47,7 @@ def _key(store: str, id: str, tag: int | None = None) -> str:
 
 
 def _by_tag(ids: Sequence[str]) -> dict[int, list[int]]:
-    """Positions of `ids` per hash tag, in chunks of at most CHUNK (a tag may repeat)."""
+    """Positions of `ids` per hash tag (`_chunks` cuts each into script calls)."""
     groups: dict[int, list[int]] = {}
     for index, id in enumerate(ids):
         groups.setdefault(_tag(id), []).append(index)

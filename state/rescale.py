@@ -40,7 +40,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import redis
 from redis.typing import EncodableT, FieldT
 
 from millstream.errors import MillstreamError
@@ -257,7 +256,10 @@ def _write(
 ) -> None:
     """Step 3 for new shard `target`: one MULTI under its lease."""
     sources = [shards_read[s] for s in new_shard_sources(old.shards, new.shards, target)]
-    mine = lambda key: shard_of(key, new.shards) == target  # noqa: E731
+
+    def mine(key: str) -> bool:
+        return shard_of(key, new.shards) == target
+
     states: dict[FieldT, EncodableT] = {
         k: v for s in sources for k, v in s.states.items() if mine(k)
     }
@@ -283,26 +285,23 @@ def _write(
                 counters[counter] = int(counters.get(counter, 0)) + int(value)
     seq = max(s.production_seq for s in shards_read)
     last = max((s.last_batch for s in shards_read if s.last_batch is not None), default=None)
-    lease = acquire(client, keys)
-    try:
-        with guarded(client, lease) as pipe:
-            buckets = {int(float(b)) for b in index.values()}
-            pipe.delete(*_fixed_keys(keys), *_catalog_keys(keys, buckets))
-            if states:
-                pipe.hset(keys.state, mapping=states)
-            for kind, scored in timers.items():
-                key = keys.timer_holds if kind == "hold" else keys.timers(kind)
-                pipe.zadd(key, scored)
-            _queue_catalog(pipe, keys, catalog, legacy, index)
-            if counters:
-                pipe.hset(keys.counters, mapping=counters)
-            pipe.set(keys.production_seq, seq)
-            if last is not None:
-                pipe.set(keys.last_batch, last)
-            pipe.set(keys.version, 1)  # no commit log: a worker rebuilds its soft state
-            pipe.execute()
-    except redis.WatchError as exc:  # pragma: no cover - guarded() turns it into FencedError
-        raise MillstreamError(f"rescale: new shard {keys.tag} was taken during its write") from exc
+    # Another owner taking the new shard meanwhile makes this FencedError (`guarded`).
+    with guarded(client, acquire(client, keys)) as pipe:
+        buckets = {int(float(b)) for b in index.values()}
+        pipe.delete(*_fixed_keys(keys), *_catalog_keys(keys, buckets))
+        if states:
+            pipe.hset(keys.state, mapping=states)
+        for kind, scored in timers.items():
+            key = keys.timer_holds if kind == "hold" else keys.timers(kind)
+            pipe.zadd(key, scored)
+        _queue_catalog(pipe, keys, catalog, legacy, index)
+        if counters:
+            pipe.hset(keys.counters, mapping=counters)
+        pipe.set(keys.production_seq, seq)
+        if last is not None:
+            pipe.set(keys.last_batch, last)
+        pipe.set(keys.version, 1)  # no commit log: a worker rebuilds its soft state
+        pipe.execute()
     report.keys += len(states)
     report.timers += len(timers.get("event", {})) + len(timers.get("wall", {}))
     report.catalog_entries += sum(len(b) for b in catalog.values()) // ce.ENTRY_BYTES
@@ -346,7 +345,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def describe_request(client: RedisClient, app: str, computation: str) -> dict[str, Any] | None:
+def last_report(client: RedisClient, app: str, computation: str) -> dict[str, Any] | None:
     """The last rescale's report (`MoveReport`), for `millstream rescale` and status."""
     raw = client.hget(rescale_reports_key(app), computation)
     return None if raw is None else dict(json.loads(raw))
