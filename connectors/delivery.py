@@ -5,8 +5,9 @@ Sinks are built once per Python worker process and reused across batches and sha
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,8 @@ from millstream.fault_points import fault_point
 from millstream.records import Production
 from millstream.state.client import connect
 from millstream.state.watermarks import Watermark, WatermarkAuthority
+
+log = logging.getLogger(__name__)
 
 _SINKS: dict[tuple[str, str, str, int], Any] = {}
 _LOCK = threading.Lock()
@@ -29,7 +32,11 @@ class Target:
 
 
 def _sink(plan: BatchPlan, computation: str, stream: str, target: Target) -> Any:
-    cache_key = (plan.app, computation, stream, target.index)
+    return _built(plan.app, computation, stream, target)
+
+
+def _built(app: str, computation: str, stream: str, target: Target) -> Any:
+    cache_key = (app, computation, stream, target.index)
     with _LOCK:
         sink = _SINKS.get(cache_key)
     if sink is None:
@@ -38,6 +45,18 @@ def _sink(plan: BatchPlan, computation: str, stream: str, target: Target) -> Any
         with _LOCK:
             sink = _SINKS.setdefault(cache_key, sink)
     return sink
+
+
+def warm_sinks(app: str, targets: Sequence[tuple[str, str, Target]]) -> None:
+    """Build and set up these (computation, stream, target) sinks in this process ahead of
+    their first delivery. A Kafka producer's first record waits about 0.5 s for its producer
+    id; built at start, the first batch's productions (a first dead letter) do not. A failure
+    here is left to the first delivery, which raises it where it is handled."""
+    for computation, stream, target in targets:
+        try:
+            _built(app, computation, stream, target)
+        except Exception as exc:
+            log.debug("sink of %s/%s not built ahead: %s", computation, stream, exc)
 
 
 def deliver_all(

@@ -43,6 +43,7 @@ from millstream.connectors import driver_read
 from millstream.connectors.backpressure import hold_while_backlogged
 from millstream.connectors.batch_metrics import record_batch, stage_metrics
 from millstream.connectors.batch_watermarks import BatchWatermarks
+from millstream.connectors.delivery import warm_sinks
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.query_sources import source_options
 from millstream.connectors.replay_intake import ReplayIntake, replay_rows
@@ -212,6 +213,16 @@ class FusedRunner:
         """Start the query. The topics it reads must exist (their partition counts are read
         from the broker: in-flight records in every partition hold the consumers' watermarks)."""
         self.read_partitions()
+        self.settlement.pool.submit(
+            warm_sinks,
+            self.topology.app,
+            [
+                (stage.name, stream, target)
+                for stage in self.stages.values()
+                for stream, targets in stage.targets.items()
+                for target in targets
+            ],
+        )  # while the query starts: the settlement delivers from these threads' process
         self.watermarks.mark_catch_up(self.endpoints)
         self.offset_log.forget()  # a new query: its offset log is read afresh
         suffix = "" if self.segment == MAIN else f".{self.segment}"

@@ -23,8 +23,9 @@ from millstream.state.keys import app_key
 
 log = logging.getLogger(__name__)
 
-# How often the dead-letter counters are read: one pipelined round trip for all computations,
-# a few times a batch (a batch takes MILLSTREAM_TRIGGER_MS, 200 ms, or longer).
+# How often the dead-letter counters are read (one pipelined round trip for all computations)
+# and the dead-letters topic's fetched letters taken: a few times a batch (a batch takes
+# MILLSTREAM_TRIGGER_MS, 200 ms, or longer).
 POLL_SECONDS = 0.2
 # After a computation's first dead letter of a reason, its further ones are counted in one
 # WARNING at most this often (or every report interval, if that is longer).
@@ -33,6 +34,11 @@ DEAD_LETTER_EVERY_S = 60.0
 MAX_LETTERS_PER_POLL = 5000
 # Counted by Redis but not found in the topic this long: warned without a reason.
 UNREAD_GRACE_S = 10.0
+# While letters are counted but not yet read, the topic is polled this often instead.
+CHASE_SECONDS = 0.02
+# A dead-letters topic missing so far is looked for this often, so that it is assigned (and
+# its fetch session warm) before the first letter has to be read from it.
+LOOK_FOR_TOPIC_S = 1.0
 
 _PREFIX = re.compile(r"^((?:[A-Za-z_][\w.]*: )+)")
 
@@ -149,8 +155,12 @@ class Reporter(threading.Thread):
         except Exception as exc:
             log.debug("dead-letters topic not readable yet: %s", exc)
         last_at, last = time.monotonic(), self.start_totals
-        while not self._halt.wait(POLL_SECONDS):
+        looked = time.monotonic()
+        while not self._halt.wait(self._pause()):
             try:
+                if not self._assigned and time.monotonic() - looked >= LOOK_FOR_TOPIC_S:
+                    looked = time.monotonic()
+                    self._open_topic(from_start=True)  # created by this run: all of it is news
                 self.check_dead_letters()
                 now = time.monotonic()
                 if self.report_seconds and now - last_at >= self.report_seconds:
@@ -162,6 +172,7 @@ class Reporter(threading.Thread):
                     last_at, last = now, totals
             except Exception as exc:  # a report must never stop the pipeline
                 log.debug("report skipped: %s", exc)
+                self._halt.wait(POLL_SECONDS)  # and never spin on a failing Redis or broker
 
     def finish(self) -> str:
         """Stop the thread; the one-line summary of this run."""
@@ -221,6 +232,21 @@ class Reporter(threading.Thread):
         self._consumer.assign(parts)
         self._assigned = True
 
+    def _pause(self) -> float:
+        """Between two checks: none while the topic is tailed (the wait is in its read)."""
+        if self._unread():
+            return CHASE_SECONDS
+        return 0.0 if self._assigned else POLL_SECONDS
+
+    def _unread(self) -> bool:
+        """Letters counted in Redis but not yet read from the topic (its write may lag), for
+        less than the grace period: chased until read, then polled as usual."""
+        letters, now = self._letters, time.monotonic()
+        return any(
+            n > letters.read[name] and now - letters.unread_since.get(name, now) <= UNREAD_GRACE_S
+            for name, n in letters.counted.items()
+        )
+
     def check_dead_letters(self) -> None:
         """New dead letters: a WARNING per new (computation, reason), then counts at most
         every `count_every` seconds."""
@@ -229,8 +255,11 @@ class Reporter(threading.Thread):
         now = time.monotonic()
         for name, total in counts.items():
             letters.counted[name] = total - self._base.get(name, 0)
-        if any(letters.counted[n] > letters.read[n] for n in counts):
-            self._read_topic()
+        chasing = any(letters.counted[n] > letters.read[n] for n in counts)
+        if chasing or self._assigned:
+            # Tailed all along: a letter lands in the topic as its shard settles, before the
+            # batch ends and the metrics hash counts it.
+            self._read_topic(wait=0.1 if chasing else POLL_SECONDS)
         for name in counts:
             unread = letters.counted[name] - letters.read[name]
             if unread <= 0:
@@ -249,14 +278,15 @@ class Reporter(threading.Thread):
                 )
             self._count_line(name, now)
 
-    def _read_topic(self) -> None:
+    def _read_topic(self, wait: float = 0.1) -> None:
+        """Letters fetched so far; `wait` seconds for the first when some are known unread."""
         if not self._assigned:
             self._open_topic(from_start=True)
             if not self._assigned:
                 return
         read = 0
         while read < MAX_LETTERS_PER_POLL:
-            messages = self._consumer.consume(num_messages=500, timeout=0.1)
+            messages = self._consumer.consume(num_messages=500, timeout=wait)
             good = [m for m in messages if m.error() is None]
             if not good:
                 return
