@@ -4,8 +4,11 @@ Fault tests blame a lost production on the broker only with evidence the product
 records cannot provide. When a broker acknowledges a transaction's commit and later writes an
 ABORT marker for its records, only the broker's answers show it: this module records, per
 connection, every AddPartitionsToTxn (a transaction starts writing to a partition) and EndTxn
-(commit or abort) request with the error code the broker answered. Other requests are skipped
-by their length prefix, unparsed.
+(commit or abort) request with the error code the broker answered, and every committed offset
+the group coordinator answered to an OffsetFetch (v8 and later, which name the group in the
+answer): a transactional sink's progress offsets, read back by the sink itself right after a
+resumed commit, are the broker's word on which transaction's offsets it applied. Other requests
+are skipped by their length prefix, unparsed.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from dataclasses import dataclass, replace
 
 from millstream.testing.proxy import Observer
 
+OFFSET_FETCH = 9
 ADD_PARTITIONS_TO_TXN = 24
 END_TXN = 26
-_FLEXIBLE_FROM = {ADD_PARTITIONS_TO_TXN: 3, END_TXN: 3}  # first version with compact encodings
+# First version with compact encodings; OffsetFetch is read from v8 on (groups in the answer).
+_FLEXIBLE_FROM = {ADD_PARTITIONS_TO_TXN: 3, END_TXN: 3, OFFSET_FETCH: 6}
+_OFFSET_FETCH_FROM = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +42,17 @@ class TxnCall:
     partitions: tuple[tuple[str, int], ...] = ()  # add_partitions: (topic, partition)
     error_code: int | None = None  # end_txn: the answer; add_partitions: the first non-zero one
     answered_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAnswer:
+    """One committed offset the group coordinator answered to an OffsetFetch."""
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    answered_at: float  # time.time() when the proxy saw the answer
 
 
 class _Reader:
@@ -86,11 +103,17 @@ class TxnWireLog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls: list[TxnCall] = []
+        self._offsets: list[OffsetAnswer] = []
         self.errors: list[str] = []  # messages that could not be parsed (evidence then refused)
 
     def calls(self) -> list[TxnCall]:
         with self._lock:
             return list(self._calls)
+
+    def offset_answers(self) -> list[OffsetAnswer]:
+        """Every committed offset answered without error, in the order the answers came."""
+        with self._lock:
+            return list(self._offsets)
 
     def tap(self) -> tuple[Observer, Observer]:
         pending: dict[int, tuple[int, int, int]] = {}  # correlation id -> (api, version, index)
@@ -102,6 +125,11 @@ class TxnWireLog:
     def _request(self, message: bytes, pending: dict[int, tuple[int, int, int]]) -> None:
         api, version, correlation = struct.unpack_from(">hhi", message)
         if api not in _FLEXIBLE_FROM:
+            return
+        if api == OFFSET_FETCH:
+            if version >= _OFFSET_FETCH_FROM:  # older answers do not name their group: skipped
+                with self._lock:
+                    pending[correlation] = (api, version, -1)
             return
         try:
             flexible = version >= _FLEXIBLE_FROM[api]
@@ -140,6 +168,9 @@ class TxnWireLog:
         if known is None:
             return
         api, version, index = known
+        if api == OFFSET_FETCH:
+            self._offset_fetch_response(message, version)
+            return
         try:
             flexible = version >= _FLEXIBLE_FROM[api]
             body = _Reader(message, 4)
@@ -167,6 +198,38 @@ class TxnWireLog:
             self._calls[index] = replace(
                 self._calls[index], error_code=error, answered_at=time.time()
             )
+
+    def _offset_fetch_response(self, message: bytes, version: int) -> None:
+        """Groups -> topics -> partitions of an OffsetFetch v8+ answer (always flexible)."""
+        answers: list[OffsetAnswer] = []
+        try:
+            body = _Reader(message, 4)
+            body.skip_tags()
+            body.take(">i")  # throttle time
+            now = time.time()
+            for _ in range(body.array_len(True)):
+                group = body.string(True)
+                for _ in range(body.array_len(True)):
+                    topic = body.string(True)
+                    for _ in range(body.array_len(True)):
+                        partition, offset = body.take(">i"), body.take(">q")
+                        body.take(">i")  # committed leader epoch
+                        body.string(True)  # metadata
+                        error = body.take(">h")
+                        body.skip_tags()
+                        if error == 0:
+                            answers.append(OffsetAnswer(group, topic, partition, offset, now))
+                    body.skip_tags()
+                group_error = body.take(">h")
+                body.skip_tags()
+                if group_error != 0:
+                    answers = [a for a in answers if a.group != group]
+        except (struct.error, IndexError) as exc:
+            with self._lock:
+                self.errors.append(f"response api {OFFSET_FETCH} v{version}: {exc}")
+            return
+        with self._lock:
+            self._offsets.extend(answers)
 
 
 class _Framer:

@@ -394,6 +394,22 @@ def _committed_progress(consumer: Any, timeout: float) -> int:
     return int(got.offset)
 
 
+def wire_progress_seen(wire: TxnWireLog, app: str) -> dict[int, set[int]]:
+    """Shard -> every progress offset the group coordinator answered through the recording
+    proxy, to anyone: the watcher's samples, and the sink's own read right after a resumed
+    commit, which the 50 ms samples can miss when the next transaction follows at once."""
+    from millstream.sinks.base import ShardRef
+    from millstream.sinks.kafka_transactional import PROGRESS_TOPIC, progress_group
+
+    shards = {progress_group(ShardRef(app, "relay", s), "out"): s for s in range(SHARDS)}
+    out: dict[int, set[int]] = {}
+    for answer in wire.offset_answers():
+        shard = shards.get(answer.group)
+        if shard is not None and answer.topic == PROGRESS_TOPIC and answer.partition == 0:
+            out.setdefault(shard, set()).add(answer.offset)
+    return out
+
+
 def progress_offsets(bootstrap: str, app: str) -> dict[int, int]:
     """Shard -> the transactional sink's progress offset (highest delivered seq + 1; negative
     when none), read from the broker's group coordinator as a read_committed consumer sees it.
@@ -551,6 +567,20 @@ def wait_complete(
             final = _safe(progress_offsets, bootstrap, progress.app)
             last = {shard: sorted(values)[-10:] for shard, values in progress.seen().items()}
             story += f"\nprogress offsets on the broker: {final} (last seen: {last})"
+            if wire is not None:
+                answered = wire_progress_seen(wire, progress.app)
+                story += "\nprogress offsets answered on the wire: " + str(
+                    {shard: sorted(values)[-15:] for shard, values in answered.items()}
+                )
+        if journal is not None:
+            story += "\njournal of the missing: " + "; ".join(
+                _journal_lines(journal, set(missing[:10]))
+            )
+        if wire is not None:
+            story += "\nwire calls of their producers: " + "; ".join(
+                _wire_story(wire, bootstrap, topic, missing[:10])
+            )
+        story += "\npipeline log (sink lines): " + "\n".join(pipeline_sink_lines(pipeline))
         if counters is not None:
             story += f"\npipeline counters: {counters()}"
         if feeder is not None:
@@ -562,6 +592,52 @@ def wait_complete(
             f"productions still checkpointed in Redis: {left}; where the first missing ones sit "
             f"in the raw log:\n{story}\n{exc}"
         ) from None
+
+
+def _journal_lines(journal: Path, events: set[str]) -> list[str]:
+    """What the sink reported for these events: shard, seq, where acknowledged or why skipped."""
+    if not journal.exists():
+        return ["(no journal)"]
+    out = []
+    for line in journal.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["e"] in events:
+            where = entry["skipped"] or f"p{entry['partition']}@{entry['offset']}"
+            out.append(
+                f"{entry['e']} shard {entry['shard']} seq {entry['seq']} {where} t={entry['t']}"
+            )
+    return out or ["(none of them)"]
+
+
+def _wire_story(wire: TxnWireLog, bootstrap: str, topic: str, missing: list[str]) -> list[str]:
+    """The transactional calls on the wire of the producer ids whose records carry `missing`."""
+    try:
+        copies = _copies(list(_raw_partitions(bootstrap, topic)))
+    except Exception as exc:
+        return [f"raw log unreadable: {exc}"]
+    pids = {c.producer_id for e in missing for c in copies.get(e, [])}
+    out = []
+    for call in wire.calls():
+        if call.producer_id in pids:
+            what = {True: "commit", False: "abort", None: str(sorted(call.partitions))[:80]}[
+                call.committed
+            ]
+            out.append(
+                f"{call.api} pid {call.producer_id} epoch {call.producer_epoch} {what} "
+                f"sent {call.sent_at:.3f} error {call.error_code} answered {call.answered_at}"
+            )
+    return out[-40:] or [f"(no calls of producer ids {sorted(pids)})"]
+
+
+def pipeline_sink_lines(pipeline: PipelineProcess, limit: int = 40) -> list[str]:
+    """The pipeline log's lines about deliveries, commits and producers (failure stories)."""
+    words = ("delivery failed", "commit", "in doubt", "dropped", "progress", "re-initialis")
+    lines = [
+        line[:300]
+        for line in pipeline.log_tail(2_000_000).splitlines()
+        if not line.startswith("%") and any(w in line for w in words)
+    ]
+    return lines[-limit:]
 
 
 def _safe(fn: Callable[..., Any], *args: Any) -> Any:
@@ -600,7 +676,11 @@ def _xfail_on_broker_evidence(
             print(f"progress offsets unreadable, no lost-commit evidence: {exc}")
             progress = {}
         names = journal_productions(journal)
-        evidence = lost_commit_evidence(missing, [], partitions, names, progress, watcher.seen())
+        seen = watcher.seen()
+        if wire is not None:  # the sink's own progress reads, answered by the broker
+            for shard, values in wire_progress_seen(wire, watcher.app).items():
+                seen.setdefault(shard, set()).update(values)
+        evidence = lost_commit_evidence(missing, [], partitions, names, progress, seen)
         if evidence is not None:
             pytest.xfail(f"{LOST_COMMIT_REASON}: {evidence}")
     if mode == "transactional" and wire is not None:

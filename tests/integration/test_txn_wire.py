@@ -50,3 +50,36 @@ def test_the_wire_log_records_each_transactions_partitions_and_end(
     assert len({(c.producer_id, c.producer_epoch) for c in calls}) == 1
     assert all(c.answered_at is not None and c.answered_at >= c.sent_at for c in calls)
     assert [c.sent_at for c in calls] == sorted(c.sent_at for c in calls)
+
+
+def test_the_wire_log_records_the_offsets_the_group_coordinator_answers(
+    proxied: tuple[str, TxnWireLog],
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    bootstrap, wire = proxied
+    topic, progress = create_topic(bootstrap, partitions=1), create_topic(bootstrap, partitions=1)
+    group = f"progress-{uuid.uuid4().hex}"
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": group})
+    producer.init_transactions(30)
+    try:
+        assert consumer.committed([TopicPartition(progress, 0)], timeout=10)[0].offset < 0
+        for offset in (7, 12):
+            producer.begin_transaction()
+            producer.produce(topic, b"a")
+            producer.flush(30)
+            producer.send_offsets_to_transaction(
+                [TopicPartition(progress, 0, offset)], consumer.consumer_group_metadata(), 30
+            )
+            producer.commit_transaction(30)
+            (got,) = consumer.committed([TopicPartition(progress, 0)], timeout=10)
+            assert got.offset == offset
+    finally:
+        consumer.close()
+    answers = [(a.topic, a.partition, a.offset) for a in wire.offset_answers() if a.group == group]
+    assert wire.errors == []
+    # No committed offset yet is answered as -1: recorded too, the broker's word all the same.
+    assert answers == [(progress, 0, -1), (progress, 0, 7), (progress, 0, 12)]
