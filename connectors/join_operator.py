@@ -169,6 +169,12 @@ class JoinOperator(Operator):
             return None
         return Throttle((self.primary,), self.max_waiting, self.retry.give_up_ms)
 
+    def read_ahead(self) -> tuple[str, ...]:
+        """A backlog of clicks and queries (a restart, an outage): queries read first find
+        their clicks in the same batch; read at the clicks' pace, a query that sits deeper in
+        its partition than its click in the click's makes the click wait a retry."""
+        return (self.secondary,) if self.secondary else ()
+
     def user_objects(self) -> list[Any]:
         objects = (self.lookup, self.combine, self.secondary_id, self.lookup_time)
         return [f for f in objects if f is not None]

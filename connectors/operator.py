@@ -89,6 +89,12 @@ class Operator:
         """Input streams to pause while a shard has too many waiting events; None: never."""
         return None
 
+    def read_ahead(self) -> tuple[str, ...]:
+        """Streams whose events other inputs of this operator wait for: while the inputs are
+        backlogged they are read with a larger admission budget (`READ_AHEAD`), so the waiting
+        side finds them in its own batch instead of on a retry. None by default."""
+        return ()
+
     def user_objects(self) -> list[Any]:
         """User-defined objects this operator calls (shipped to Spark's workers by value when
         their modules cannot be imported there)."""

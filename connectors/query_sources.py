@@ -16,6 +16,10 @@ from millstream.settings import Settings
 
 log = logging.getLogger(__name__)
 PAUSABLE = ("millstream-kafka", "millstream-logfile")  # sources that read the throttle flag
+# Admission budget of a stream other inputs wait on (a join's queries), in batches' worth: a
+# backlog of queries is read ahead of its clicks instead of beside them (benchmarks/results/
+# join-read-ahead: 100,000 pre-loaded clicks, 2.5x fewer look-ups and 1.3x the clicks/s).
+READ_AHEAD = 2
 
 
 def kafka_options(settings: Settings, endpoints: Endpoints) -> dict[str, str]:
@@ -67,6 +71,7 @@ def source_options(
         if (throttle := spec.operator.throttle()) is not None
         for s in throttle.streams
     }
+    ahead = {s for spec in topology.computations.values() for s in spec.operator.read_ahead()}
     sources: list[tuple[str, dict[str, str]]] = []
     for stream in injected:
         for src in topology.sources[stream]:
@@ -77,6 +82,9 @@ def source_options(
                 if kept is not None:
                     options["startFile"] = kept
             options.update(tick_options(settings))
+            if stream in ahead:
+                budget = READ_AHEAD * settings.max_records_per_batch
+                options["maxRecordsPerTrigger"] = str(budget)
             options.update(
                 {
                     "stream": stream,

@@ -117,7 +117,7 @@ def test_the_throttle_pauses_above_the_bound_and_lets_a_batch_in_after_the_give_
 def test_the_runtime_marks_kafka_and_log_file_primaries_for_the_throttle(tmp_path: Any) -> None:
     """`throttle=true` reaches every source of a join's primary stream that reads the flag
     (`injectors/_throttle_flag.py`), Kafka and log files alike, and no other source."""
-    from millstream.connectors.query_sources import source_options
+    from millstream.connectors.query_sources import READ_AHEAD, source_options
     from millstream.connectors.targets import Endpoints
     from millstream.injectors.sources import logfile_source
     from millstream.settings import Settings
@@ -143,3 +143,11 @@ def test_the_runtime_marks_kafka_and_log_file_primaries_for_the_throttle(tmp_pat
         ("millstream-logfile", "clicks"): "true",
         ("millstream-kafka", "queries"): None,
     }
+    # The queries, which clicks wait for, are admitted READ_AHEAD batches' worth at a time.
+    budgets = {(fmt, o["stream"]): int(o["maxRecordsPerTrigger"]) for fmt, o in sources}
+    assert budgets == {
+        ("millstream-kafka", "clicks"): settings.max_records_per_batch,
+        ("millstream-logfile", "clicks"): settings.max_records_per_batch,
+        ("millstream-kafka", "queries"): READ_AHEAD * settings.max_records_per_batch,
+    }
+    assert READ_AHEAD > 1
