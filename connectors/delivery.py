@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from millstream.connectors.plan import BatchPlan
 from millstream.fault_points import fault_point
 from millstream.records import Production
 from millstream.state.client import connect
 from millstream.state.watermarks import Watermark, WatermarkAuthority
+
+if TYPE_CHECKING:
+    from millstream.connectors.stage_plan import Stage
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +50,18 @@ def _built(app: str, computation: str, stream: str, target: Target) -> Any:
     return sink
 
 
-def warm_sinks(app: str, targets: Sequence[tuple[str, str, Target]]) -> None:
-    """Build and set up these (computation, stream, target) sinks in this process ahead of
-    their first delivery. A Kafka producer's first record waits about 0.5 s for its producer
-    id; built at start, the first batch's productions (a first dead letter) do not. A failure
-    here is left to the first delivery, which raises it where it is handled."""
-    for computation, stream, target in targets:
-        try:
-            _built(app, computation, stream, target)
-        except Exception as exc:
-            log.debug("sink of %s/%s not built ahead: %s", computation, stream, exc)
+def warm_sinks(app: str, stages: Iterable[Stage]) -> None:
+    """Build and set up every target's sink of these stages in this process ahead of its first
+    delivery. A Kafka producer's first record waits about 0.5 s for its producer id; built at
+    start, the first batch's productions (a first dead letter) do not. A failure here is left
+    to the first delivery, which raises it where it is handled."""
+    for stage in stages:
+        for stream, targets in stage.targets.items():
+            for target in targets:
+                try:
+                    _built(app, stage.name, stream, target)
+                except Exception as exc:
+                    log.debug("sink of %s/%s not built ahead: %s", stage.name, stream, exc)
 
 
 def deliver_all(

@@ -213,16 +213,8 @@ class FusedRunner:
         """Start the query. The topics it reads must exist (their partition counts are read
         from the broker: in-flight records in every partition hold the consumers' watermarks)."""
         self.read_partitions()
-        self.settlement.pool.submit(
-            warm_sinks,
-            self.topology.app,
-            [
-                (stage.name, stream, target)
-                for stage in self.stages.values()
-                for stream, targets in stage.targets.items()
-                for target in targets
-            ],
-        )  # while the query starts: the settlement delivers from these threads' process
+        # While the query starts: the settlement delivers from this process.
+        self.settlement.pool.submit(warm_sinks, self.topology.app, list(self.stages.values()))
         self.watermarks.mark_catch_up(self.endpoints)
         self.offset_log.forget()  # a new query: its offset log is read afresh
         suffix = "" if self.segment == MAIN else f".{self.segment}"

@@ -34,8 +34,6 @@ DEAD_LETTER_EVERY_S = 60.0
 MAX_LETTERS_PER_POLL = 5000
 # Counted by Redis but not found in the topic this long: warned without a reason.
 UNREAD_GRACE_S = 10.0
-# While letters are counted but not yet read, the topic is polled this often instead.
-CHASE_SECONDS = 0.02
 # A dead-letters topic missing so far is looked for this often, so that it is assigned (and
 # its fetch session warm) before the first letter has to be read from it.
 LOOK_FOR_TOPIC_S = 1.0
@@ -234,18 +232,7 @@ class Reporter(threading.Thread):
 
     def _pause(self) -> float:
         """Between two checks: none while the topic is tailed (the wait is in its read)."""
-        if self._unread():
-            return CHASE_SECONDS
         return 0.0 if self._assigned else POLL_SECONDS
-
-    def _unread(self) -> bool:
-        """Letters counted in Redis but not yet read from the topic (its write may lag), for
-        less than the grace period: chased until read, then polled as usual."""
-        letters, now = self._letters, time.monotonic()
-        return any(
-            n > letters.read[name] and now - letters.unread_since.get(name, now) <= UNREAD_GRACE_S
-            for name, n in letters.counted.items()
-        )
 
     def check_dead_letters(self) -> None:
         """New dead letters: a WARNING per new (computation, reason), then counts at most
@@ -255,11 +242,10 @@ class Reporter(threading.Thread):
         now = time.monotonic()
         for name, total in counts.items():
             letters.counted[name] = total - self._base.get(name, 0)
-        chasing = any(letters.counted[n] > letters.read[n] for n in counts)
-        if chasing or self._assigned:
+        if self._assigned or any(letters.counted[n] > letters.read[n] for n in counts):
             # Tailed all along: a letter lands in the topic as its shard settles, before the
             # batch ends and the metrics hash counts it.
-            self._read_topic(wait=0.1 if chasing else POLL_SECONDS)
+            self._read_topic()
         for name in counts:
             unread = letters.counted[name] - letters.read[name]
             if unread <= 0:
@@ -278,15 +264,15 @@ class Reporter(threading.Thread):
                 )
             self._count_line(name, now)
 
-    def _read_topic(self, wait: float = 0.1) -> None:
-        """Letters fetched so far; `wait` seconds for the first when some are known unread."""
+    def _read_topic(self) -> None:
+        """Letters fetched so far, waiting up to POLL_SECONDS for the first."""
         if not self._assigned:
             self._open_topic(from_start=True)
             if not self._assigned:
                 return
         read = 0
         while read < MAX_LETTERS_PER_POLL:
-            messages = self._consumer.consume(num_messages=500, timeout=wait)
+            messages = self._consumer.consume(num_messages=500, timeout=POLL_SECONDS)
             good = [m for m in messages if m.error() is None]
             if not good:
                 return
