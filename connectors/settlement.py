@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
-import redis
 from confluent_kafka import KafkaException
 
 from millstream.connectors.delivery import deliver_all
@@ -29,12 +29,15 @@ from millstream.connectors.shard_task import ShardResult
 from millstream.connectors.stage_plan import Stage
 from millstream.errors import ConfigurationError, FencedError, MillstreamError
 from millstream.records import Production
-from millstream.state.client import RedisClient
+from millstream.state.client import REDIS_ERRORS, RedisClient
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import acknowledge
 
 log = logging.getLogger(__name__)
 DELIVERY_THREADS = 8
+# Failures the next batch retries: the checkpoints stay where they are.
+_ACK_RETRIED: tuple[type[Exception], ...] = (MillstreamError, *REDIS_ERRORS)
+_RETRIED: tuple[type[Exception], ...] = (*_ACK_RETRIED, KafkaException)
 
 
 @dataclass
@@ -100,6 +103,9 @@ class Settlement:
         (`settling`): a batch ends with every production it checkpointed delivered or its
         failure noted. Returns counters per computation."""
         futures = [*settling, *((d, self.start(d)) for d in done)]
+        # Every settlement ends before the batch does, even when one raised: a re-run of the
+        # batch must not deliver a shard while this one still does.
+        futures_wait([future for _, future in futures])
         out: dict[str, dict[str, int]] = {}
         for item, future in futures:
             totals = out.setdefault(item.stage.name, {})
@@ -127,7 +133,7 @@ class Settlement:
                 counters["delivered"] = len(outside)
             except ConfigurationError:
                 raise
-            except (MillstreamError, KafkaException, redis.RedisError) as exc:
+            except _RETRIED as exc:
                 log.warning("shard %s: delivery failed, will retry: %s", keys.tag, exc)
                 counters["delivery_failures"] = 1
         if inside_only:
@@ -142,7 +148,7 @@ class Settlement:
             # consumers and sinks drop what they already have.
             log.warning("shard %s: settled, not acknowledged (%s)", keys.tag, exc)
             counters["acks_fenced"] = 1
-        except MillstreamError as exc:
+        except _ACK_RETRIED as exc:  # a failover, a Redis restart
             log.warning("shard %s: acknowledgement failed, will retry: %s", keys.tag, exc)
             counters["ack_failures"] = 1
         else:

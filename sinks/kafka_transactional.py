@@ -102,6 +102,13 @@ def transactional_id(shard: ShardRef) -> str:
 _SHARDS = ShardProducers()
 _SETUP_DONE: set[tuple[Any, ...]] = set()
 _SETUP_LOCK = threading.Lock()
+_DELIVERING: dict[tuple[Any, str], threading.Lock] = {}
+
+
+def _delivering(cache_key: Any, txn_id: str) -> threading.Lock:
+    """The lock a delivery of one shard (one transactional id on one cluster) holds."""
+    with _SETUP_LOCK:
+        return _DELIVERING.setdefault((cache_key, txn_id), threading.Lock())
 
 
 class KafkaTransactionalSink(Sink):
@@ -193,13 +200,26 @@ class KafkaTransactionalSink(Sink):
         if not productions:
             return DeliveryReport(shard)
         self.setup()  # once per process: progress must never go to a missing topic
-        deadline = Deadline(self._timeout)
         topics = [resolve_topic(self._topic_for, p.stream) for p in productions]
         new = set(topics) - self._checked
         if new:
             check_topics(self._kafka.connection, new, self._metadata_timeout)
             self._checked |= new
         txn_id = transactional_id(shard)
+        # One delivery per shard at a time in this process: two at once (a failed batch's
+        # settlement still running beside its re-run's) would share the shard's producer and
+        # its open transaction. The second waits, then skips what the first committed.
+        with _delivering(self._kafka.cache_key, txn_id):
+            return self._deliver(shard, productions, topics, txn_id, Deadline(self._timeout))
+
+    def _deliver(
+        self,
+        shard: ShardRef,
+        productions: Sequence[Production],
+        topics: list[str],
+        txn_id: str,
+        deadline: Deadline,
+    ) -> DeliveryReport:
         state = _SHARDS.get(self._kafka.cache_key, txn_id)
         if state is not None and self._doubt_outlived(state):
             state.drop()
@@ -413,10 +433,11 @@ class KafkaTransactionalSink(Sink):
         aborts its open transaction, and its next commit fails as fenced. For a pipeline given
         up for good (`millstream join recover --abandon`) whose process might only be paused.
         Returns the transactional id."""
-        state = self._init(shard, Deadline(self._timeout))
-        _SHARDS.pop(self._kafka.cache_key, state.txn_id)
-        state.close()
-        return state.txn_id
+        with _delivering(self._kafka.cache_key, transactional_id(shard)):
+            state = self._init(shard, Deadline(self._timeout))
+            _SHARDS.pop(self._kafka.cache_key, state.txn_id)
+            state.close()
+            return state.txn_id
 
     def _read_progress(
         self, state: ShardProducer, shard: ShardRef, stream: str, deadline: Deadline

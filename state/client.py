@@ -24,6 +24,12 @@ RedisPipeline = redis.client.Pipeline | ClusterPipeline
 _CLIENTS: dict[str, RedisClient] = {}
 _LOCK = threading.Lock()
 _RETRIABLE = (redis.ConnectionError, redis.TimeoutError)
+# What a Redis or Redis Cluster call can raise when the server is away or moving (a restart,
+# a failover): redis-py's cluster errors such as SlotNotCoveredError are not RedisErrors.
+REDIS_ERRORS: tuple[type[Exception], ...] = (
+    redis.RedisError,
+    redis.exceptions.RedisClusterException,
+)
 
 
 def _retry() -> Retry:

@@ -189,6 +189,6 @@ def test_a_pipeline_on_a_spark_cluster_and_redis_cluster_survives_executor_worke
         f"{len(events)} events ({sum(len(w) for w in truth.values())} windows) through an "
         f"executor kill, a worker loss and a driver restart"
     )
-    states = check(client, app, kafka_bootstrap, output, events, truth, SHARDS)
+    states = check(client, app, kafka_bootstrap, output, events, truth, SHARDS, pipeline=pipeline)
     # The collector's shard work ran in executors on both hosts, never in the driver.
     assert {h for s in states.values() for h in s["hosts"]} == set(HOSTS)

@@ -161,7 +161,7 @@ def test_a_running_pipeline_is_rescaled_8_16_4_through_a_crash_mid_move(
 
     # Counters moved with the keys; the 5% sent twice, and every event sent again after a
     # move, were recognised.
-    check(client, app, kafka_bootstrap, output, events, truth, 8, len(resent) + 1)
+    check(client, app, kafka_bootstrap, output, events, truth, 8, len(resent) + 1, pipeline)
     # Only the current layouts' keys are left (and the old shards' tombstone sequencers).
     left = {k.decode() for k in client.scan_iter(match=f"ms:{{{app}:*", count=1000)}
     current = {f"ms:{{{app}:tumbling:{s}@2}}" for s in range(4)}

@@ -15,10 +15,11 @@ from confluent_kafka import Producer
 
 from millstream.state.watermarks import WatermarkAuthority
 from millstream.status import committed_counters
-from millstream.testing.committed_reader import read_committed
+from millstream.testing.committed_reader import read_committed, read_raw_topic, record_origins
 from millstream.testing.process import PipelineProcess
 from tests.e2e.cluster_target import WINDOW
 from tests.e2e.conftest import shard_states
+from tests.e2e.sink_faults import pipeline_sink_lines
 
 KEYS = 16
 PARTITIONS = 8
@@ -89,10 +90,12 @@ def check(
     truth: dict[str, dict[str, int]],
     shards: int,
     duplicates: int = 1,
+    pipeline: PipelineProcess | None = None,
 ) -> dict[str, Any]:
     """Every window's count in the collector's state and in the sink's topic (read_committed),
     each once; every record counted, at least `duplicates` recognised; no window left open.
-    Returns the collector's states."""
+    Returns the collector's states. A window delivered twice fails with where every copy sits
+    in the raw log and, given `pipeline`, its log lines about deliveries."""
     states = shard_states(client, app, "collector", shards)
     assert {k: s["windows"] for k, s in states.items()} == truth
     assert all(s["again"] == [] for s in states.values()), "a window count arrived twice"
@@ -108,6 +111,37 @@ def check(
         if body["w"] in delivered[body["k"]]:
             twice.append(body)
         delivered[body["k"]][body["w"]] = body["n"]
-    assert twice == []
+    if twice:
+        lines = pipeline_sink_lines(pipeline) if pipeline is not None else []
+        story = "\n".join([*doubled_story(bootstrap, output, twice), *lines])
+        raise AssertionError(f"{len(twice)} window counts delivered twice: {twice[:5]}\n{story}")
     assert dict(delivered) == truth
     return states
+
+
+def doubled_story(bootstrap: str, topic: str, twice: list[dict[str, Any]]) -> list[str]:
+    """Every raw copy of each doubled window in `topic`: partition, offset, producer id and
+    epoch, its transaction's marker and the production id header, so that a failure says
+    whether one production was delivered twice (one id) or two were made (two ids)."""
+    try:
+        partitions = read_raw_topic(bootstrap, topic)
+    except Exception as exc:
+        return [f"raw log unreadable: {type(exc).__name__}: {exc}"]
+    wanted = {(t["k"], t["w"]) for t in twice[:10]}
+    lines = []
+    for partition, batches in enumerate(partitions):
+        ids = {
+            r.offset: dict(r.headers or ()).get("ms-id", b"?")
+            for b in batches
+            if not b.control
+            for r in b.records
+        }
+        for offset, origin in sorted(record_origins(partition, batches).items()):
+            body = json.loads(origin.value or b"{}")
+            if (body.get("k"), body.get("w")) in wanted:
+                lines.append(
+                    f"{body['k']} {body['w']} n={body.get('n')}: p{partition}@{offset} pid "
+                    f"{origin.producer_id} epoch {origin.producer_epoch} marker {origin.marker!r}"
+                    f" id {ids.get(offset)!r}"
+                )
+    return sorted(lines)

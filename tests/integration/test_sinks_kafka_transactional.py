@@ -450,3 +450,42 @@ def test_commit_in_doubt_is_resumed_not_redelivered(durable_kafka: KafkaService,
         assert_exactly_once(bootstrap, topic, first + second)
     finally:
         sink.close()
+
+
+def test_one_shard_delivered_from_two_threads_at_once_lands_once(
+    kafka_bootstrap: str,
+    kafka_topic_factory: Callable[..., str],
+    make_sink: Callable[..., KafkaTransactionalSink],
+    app: str,
+) -> None:
+    """Two settlements of one shard at once in one process (a failed batch's delivery still
+    running while its re-run delivers the same checkpoints) share the shard's producer: the
+    sink takes them one after the other, so every production is committed once and each call
+    reports it delivered or skipped."""
+    topic = kafka_topic_factory(partitions=2)
+    sink = make_sink(topic)
+    shard = ShardRef(app, "comp", 0)
+    rounds = [productions("t", 0, 10 * (n + 1)) for n in range(4)]  # the checkpoints grow
+    start = threading.Barrier(2)
+    reports: dict[str, list[Any]] = {"a": [], "b": []}
+    errors: list[BaseException] = []
+
+    def settle(name: str) -> None:
+        try:
+            for batch in rounds:
+                start.wait(10)
+                reports[name].append(sink.deliver(shard, batch))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=settle, args=(n,)) for n in reports]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    for n, batch in enumerate(rounds):
+        a, b = reports["a"][n], reports["b"][n]
+        assert a.delivered + a.skipped == b.delivered + b.skipped == len(batch)
+        assert a.delivered + b.delivered == 10  # each round's new ten, by one of the two
+    assert_exactly_once(kafka_bootstrap, topic, rounds[-1])
