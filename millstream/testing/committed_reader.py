@@ -75,6 +75,7 @@ class RawBatch:
     transactional: bool
     control: bool
     records: tuple[Any, ...]  # kafka-python DefaultRecord / ControlRecord
+    base_sequence: int = -1  # the idempotent producer's sequence of the first record
 
 
 class _Connection:
@@ -301,6 +302,7 @@ def _fetch_all(
                     transactional=bool(batch.is_transactional),
                     control=bool(batch.is_control_batch),
                     records=tuple(r for r in batch if r.offset >= position),
+                    base_sequence=int(batch.base_sequence),
                 )
             )
             position, advanced = next_offset, True

@@ -130,18 +130,19 @@ def doubled_story(bootstrap: str, topic: str, twice: list[dict[str, Any]]) -> li
     wanted = {(t["k"], t["w"]) for t in twice[:10]}
     lines = []
     for partition, batches in enumerate(partitions):
-        ids = {
-            r.offset: dict(r.headers or ()).get("ms-id", b"?")
-            for b in batches
-            if not b.control
-            for r in b.records
-        }
+        ids, sequences = {}, {}
+        for batch in batches:
+            for index, record in enumerate(() if batch.control else batch.records):
+                ids[record.offset] = dict(record.headers or ()).get("ms-id", b"?")
+                sequences[record.offset] = batch.base_sequence + index
         for offset, origin in sorted(record_origins(partition, batches).items()):
             body = json.loads(origin.value or b"{}")
             if (body.get("k"), body.get("w")) in wanted:
+                # Two copies with one producer id, epoch and sequence: the broker wrote a
+                # retried produce twice (an idempotent producer's retry is deduplicated by it).
                 lines.append(
                     f"{body['k']} {body['w']} n={body.get('n')}: p{partition}@{offset} pid "
-                    f"{origin.producer_id} epoch {origin.producer_epoch} marker {origin.marker!r}"
-                    f" id {ids.get(offset)!r}"
+                    f"{origin.producer_id} epoch {origin.producer_epoch} sequence "
+                    f"{sequences.get(offset)} marker {origin.marker!r} id {ids.get(offset)!r}"
                 )
     return sorted(lines)
