@@ -27,7 +27,7 @@ from millstream.demo.verify import verify
 from millstream.settings import Settings
 from millstream.state.keys import app_key
 from millstream.state.watermarks import WatermarkAuthority, now_ms
-from millstream.status import committed_counters
+from millstream.status import committed_counters, status
 from millstream.testing.process import PipelineProcess
 
 INPUT_PARTITIONS = 4
@@ -235,7 +235,15 @@ def run_demo(
             return all(m is not None and m.event > end_wall + WINDOW_MS for m in marks)
 
         _wait("the low watermarks to pass the end of traffic", drained, 180, pipeline)
-        time.sleep(2)  # let the last transactions commit and the watcher see them
+
+        def delivered() -> bool:
+            # A window count consumed downstream is delivered to the sink at that batch's
+            # end, after the consumer's watermark moved: wait for it before reading the sink.
+            found = status(client, app)["computations"]
+            return all(found.get(s, {}).get("pending_productions", 1) == 0 for s in STAGES)
+
+        _wait("every production delivered to its sink", delivered, 120, pipeline)
+        time.sleep(2)  # let the watcher see the last window counts
     finally:
         player_obj = locals().get("player")
         if player_obj is not None:
