@@ -116,7 +116,7 @@ def run_demo(
 ) -> dict[str, Any]:
     from millstream.connectors.topics import ensure_topics
     from millstream.state.client import connect
-    from millstream.testing.committed_reader import read_committed
+    from millstream.testing.committed_reader import read_committed_settled as read_settled
 
     app = f"zeitgeist-{uuid.uuid4().hex[:8]}"
     folder = opts.output / app
@@ -256,8 +256,8 @@ def run_demo(
     if closed is None:  # drained() saw window_counter's watermark: only a wiped Redis gets here
         raise RuntimeError(f"window_counter of {app} has no published watermark in Redis")
     closed_before = closed.event
-    windows = [r.value for r in read_committed(bootstrap, topics["window_topic"]) if r.value]
-    anomalies = [r.value for r in read_committed(bootstrap, topics["anomaly_topic"]) if r.value]
+    windows = [r.value for r in read_settled(bootstrap, topics["window_topic"]) if r.value]
+    anomalies = [r.value for r in read_settled(bootstrap, topics["anomaly_topic"]) if r.value]
     stages = {stage: committed_counters(client, app, stage, opts.shards) for stage in STAGES}
     counters = stages["window_counter"]
     verdict = verify(plan, start_wall, windows, anomalies, counters, closed_before, stages)

@@ -539,6 +539,21 @@ def read_committed(
     return out
 
 
+def read_committed_settled(
+    bootstrap: str, topic: str, *, wait_s: float = 30.0, timeout: float = 10.0
+) -> list[CommittedRecord]:
+    """`read_committed` once no transaction in `topic` lacks its marker, waiting at most
+    `wait_s`. For a reader that starts right after the producers stopped: a broker writes a
+    transaction's markers after it answered the commit, and a read_committed consumer sees
+    that transaction's records only then."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if not any(_unmarked(batches) for batches in read_raw_topic(bootstrap, topic)):
+            break
+        time.sleep(0.5)
+    return read_committed(bootstrap, topic, timeout=timeout)
+
+
 def read_with_consumer(
     bootstrap: str,
     topic: str,

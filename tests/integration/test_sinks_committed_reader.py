@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -10,6 +12,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from millstream.testing.committed_reader import (
     probe_aborted_leak,
     read_committed,
+    read_committed_settled,
     read_raw,
     read_with_consumer,
 )
@@ -65,6 +68,31 @@ def test_reader_applies_markers_like_read_committed(
         b"open",
         b"after-open",
     ]
+
+
+def test_settled_read_waits_for_the_markers_of_open_transactions(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]
+) -> None:
+    """A transaction still open when the read starts is waited for (here committed 1 s
+    later); one that stays open is given up on after the wait, and hides its records."""
+    topic = kafka_topic_factory(partitions=1)
+    txn = _txn_producer(kafka_bootstrap)
+    txn.begin_transaction()
+    txn.produce(topic, b"late")
+    txn.flush(20)
+    committer = threading.Timer(1.0, txn.commit_transaction, args=(20,))
+    committer.start()
+    started = time.monotonic()
+    assert [r.value for r in read_committed_settled(kafka_bootstrap, topic, wait_s=30)] == [b"late"]
+    assert 0.9 < time.monotonic() - started < 25
+    committer.join()
+    txn.begin_transaction()
+    txn.produce(topic, b"open")
+    txn.flush(20)
+    started = time.monotonic()
+    assert [r.value for r in read_committed_settled(kafka_bootstrap, topic, wait_s=2)] == [b"late"]
+    assert time.monotonic() - started >= 2
+    txn.abort_transaction(20)
 
 
 def test_probe_reports_the_broker_truthfully(
