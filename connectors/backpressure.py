@@ -23,13 +23,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaException
-
-from millstream.connectors.delivery import deliver_all
+from millstream.connectors.delivery import RETRIED, deliver_all
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.topology import ComputationSpec
 from millstream.errors import ConfigurationError, FencedError, MillstreamError
-from millstream.state.client import REDIS_ERRORS, connect
+from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardStore
 from millstream.state.watermarks import now_ms
@@ -38,7 +36,6 @@ log = logging.getLogger(__name__)
 FIRST_PAUSE_S = 0.5
 MAX_PAUSE_S = 5.0
 LOG_EVERY_S = 10.0
-_RETRIED: tuple[type[Exception], ...] = (MillstreamError, KafkaException, *REDIS_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ def drain_shard(
         delivered = deliver_all(plan, spec.name, shard, outside) + skipped
     except ConfigurationError:
         raise
-    except _RETRIED as exc:
+    except RETRIED as exc:
         return DrainResult(shard, 0, len(pending), f"{type(exc).__name__}: {exc}", streams)
     ack = store.begin()
     ack.ack(delivered)

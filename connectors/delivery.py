@@ -11,16 +11,22 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from confluent_kafka import KafkaException
+
 from millstream.connectors.plan import BatchPlan
+from millstream.errors import MillstreamError
 from millstream.fault_points import fault_point
 from millstream.records import Production
-from millstream.state.client import connect
+from millstream.state.client import REDIS_ERRORS, connect
 from millstream.state.watermarks import Watermark, WatermarkAuthority
 
 if TYPE_CHECKING:
     from millstream.connectors.stage_plan import Stage
 
 log = logging.getLogger(__name__)
+# What a failed delivery raises that the next batch retries: its checkpoints stay in place.
+# (ConfigurationError, a MillstreamError, is caught before these and raised: no retry helps.)
+RETRIED: tuple[type[Exception], ...] = (MillstreamError, KafkaException, *REDIS_ERRORS)
 
 _SINKS: dict[tuple[str, str, str, int], Any] = {}
 _LOCK = threading.Lock()

@@ -21,9 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
-
-from millstream.connectors.delivery import deliver_all
+from millstream.connectors.delivery import RETRIED, deliver_all
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.shard_task import ShardResult
 from millstream.connectors.stage_plan import Stage
@@ -35,9 +33,8 @@ from millstream.state.shard import acknowledge
 
 log = logging.getLogger(__name__)
 DELIVERY_THREADS = 8
-# Failures the next batch retries: the checkpoints stay where they are.
+# A failed acknowledgement is retried by the next batch: the checkpoints stay where they are.
 _ACK_RETRIED: tuple[type[Exception], ...] = (MillstreamError, *REDIS_ERRORS)
-_RETRIED: tuple[type[Exception], ...] = (*_ACK_RETRIED, KafkaException)
 
 
 @dataclass
@@ -133,7 +130,7 @@ class Settlement:
                 counters["delivered"] = len(outside)
             except ConfigurationError:
                 raise
-            except _RETRIED as exc:
+            except RETRIED as exc:
                 log.warning("shard %s: delivery failed, will retry: %s", keys.tag, exc)
                 counters["delivery_failures"] = 1
         if inside_only:

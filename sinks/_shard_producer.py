@@ -268,6 +268,15 @@ class ShardProducers:
         self._items: collections.OrderedDict[tuple[int, Any, str], ShardProducer] = (
             collections.OrderedDict()
         )
+        self._owners: dict[tuple[int, Any, str], threading.Lock] = {}
+
+    def owner(self, config_key: Any, txn_id: str) -> threading.Lock:
+        """The lock a delivery of this shard holds for its whole call: two at once in one
+        process (a failed batch's settlement still running beside its re-run's) would share
+        the shard's producer and its open transaction. Per process: a forked worker does not
+        inherit a lock its parent held."""
+        with self._lock:
+            return self._owners.setdefault((os.getpid(), config_key, txn_id), threading.Lock())
 
     def get(self, config_key: Any, txn_id: str) -> ShardProducer | None:
         key = (os.getpid(), config_key, txn_id)

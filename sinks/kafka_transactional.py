@@ -102,13 +102,6 @@ def transactional_id(shard: ShardRef) -> str:
 _SHARDS = ShardProducers()
 _SETUP_DONE: set[tuple[Any, ...]] = set()
 _SETUP_LOCK = threading.Lock()
-_DELIVERING: dict[tuple[Any, str], threading.Lock] = {}
-
-
-def _delivering(cache_key: Any, txn_id: str) -> threading.Lock:
-    """The lock a delivery of one shard (one transactional id on one cluster) holds."""
-    with _SETUP_LOCK:
-        return _DELIVERING.setdefault((cache_key, txn_id), threading.Lock())
 
 
 class KafkaTransactionalSink(Sink):
@@ -206,10 +199,8 @@ class KafkaTransactionalSink(Sink):
             check_topics(self._kafka.connection, new, self._metadata_timeout)
             self._checked |= new
         txn_id = transactional_id(shard)
-        # One delivery per shard at a time in this process: two at once (a failed batch's
-        # settlement still running beside its re-run's) would share the shard's producer and
-        # its open transaction. The second waits, then skips what the first committed.
-        with _delivering(self._kafka.cache_key, txn_id):
+        # One delivery per shard at a time: a second waits, then skips what the first committed.
+        with _SHARDS.owner(self._kafka.cache_key, txn_id):
             return self._deliver(shard, productions, topics, txn_id, Deadline(self._timeout))
 
     def _deliver(
@@ -433,7 +424,7 @@ class KafkaTransactionalSink(Sink):
         aborts its open transaction, and its next commit fails as fenced. For a pipeline given
         up for good (`millstream join recover --abandon`) whose process might only be paused.
         Returns the transactional id."""
-        with _delivering(self._kafka.cache_key, transactional_id(shard)):
+        with _SHARDS.owner(self._kafka.cache_key, transactional_id(shard)):
             state = self._init(shard, Deadline(self._timeout))
             _SHARDS.pop(self._kafka.cache_key, state.txn_id)
             state.close()

@@ -547,11 +547,14 @@ def read_committed_settled(
     transaction's markers after it answered the commit, and a read_committed consumer sees
     that transaction's records only then."""
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if not any(_unmarked(batches) for batches in read_raw_topic(bootstrap, topic)):
+    while True:
+        partitions = read_raw_topic(bootstrap, topic, timeout=timeout)
+        if not any(_unmarked(batches) for batches in partitions):
+            break
+        if time.monotonic() >= deadline:
             break
         time.sleep(0.5)
-    return read_committed(bootstrap, topic, timeout=timeout)
+    return [r for p, batches in enumerate(partitions) for r in apply_markers(topic, p, batches)]
 
 
 def read_with_consumer(
