@@ -191,9 +191,11 @@ def run_demo(
             elapsed = time.monotonic() - started
             if fault_at is not None and elapsed >= fault_at:
                 fault_at = None
-                before = _batches(client, app, "window_counter")
                 pipeline.kill9()
                 killed = now_ms()
+                # Read once the old process is gone: a batch it committed on its way out is
+                # not the restarted pipeline's progress.
+                before = _batches(client, app, "window_counter")
                 faults.append(
                     {
                         "type": "SIGKILL pipeline (driver, JVM, workers)",
