@@ -45,6 +45,7 @@ from millstream.fault_points import fault_point
 from millstream.headers import HEADER_ID, HEADER_SYSTEM_TIME, decode_time_header, visible_headers
 from millstream.records import Production, Record, TimeDomain, Timer
 from millstream.state.catalog import Verdict
+from millstream.state.catalog_entries import digest as id_digest
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.replay import SOURCE as REPLAY_SOURCE
@@ -178,7 +179,7 @@ def _run_once(
     pending = acquire(store)
     _note_positions(result, items, plan.internal_inputs)
     fresh = dedup(plan, spec, store, items)
-    keys_needed = list(dict.fromkeys(r.key for i, r, _ in fresh if i.error is None))
+    keys_needed = list(dict.fromkeys(r.key for i, r, _, _ in fresh if i.error is None))
     start = plan.input_watermark.event
     end = start if plan.end_watermark is None else max(start, plan.end_watermark.event)
     states, due = store.load(keys_needed, end, plan.now)
@@ -219,23 +220,29 @@ def _note_positions(result: ShardResult, items: list[TaskInput], internal: froze
         by_partition[row[PARTITION]] = max(by_partition.get(row[PARTITION], 0), row[OFFSET] + 1)
 
 
+# A fresh record: its routed input, the record, the position it was delivered from and its
+# id's digest (what the catalog remembers of it, hashed once for the verdict and the write).
+Fresh = tuple[TaskInput, Record, bytes, bytes]
+
+
 def dedup(
     plan: BatchPlan, spec: ComputationSpec, store: ShardStore, items: list[TaskInput]
-) -> list[tuple[TaskInput, Record, bytes]]:
-    """2. The records not applied before (Bloom filter, then the catalog): the fresh ones, each
-    with the position it was delivered from (what the catalog remembers of it)."""
+) -> list[Fresh]:
+    """2. The records not applied before (Bloom filter, then the catalog): the fresh ones."""
     records = [to_record(i, plan.internal_inputs) for i in items]
     positions = [_position(i.row) for i in items]
+    digests = [id_digest(r.id) for r in records]
     if spec.options.exactly_once and records:
         verdicts = store.dedup(
             [(r.id, r.system_time, p) for r, p in zip(records, positions, strict=True)],
             plan.gc_watermark,
+            digests,
         )
     else:
         verdicts = [Verdict.NEW] * len(records)
     return [
-        (i, r, p)
-        for i, r, p, v in zip(items, records, positions, verdicts, strict=True)
+        (i, r, p, d)
+        for i, r, p, d, v in zip(items, records, positions, digests, verdicts, strict=True)
         if v is Verdict.NEW
     ]
 
@@ -292,16 +299,14 @@ def fire_timers_at_end(
         fire_timers(operator, runner, txn, list(due.values()))
 
 
-def run_records(
-    operator: Operator, runner: KeyRunner, fresh: list[tuple[TaskInput, Record, bytes]]
-) -> None:
+def run_records(operator: Operator, runner: KeyRunner, fresh: list[Fresh]) -> None:
     """4. The fresh records: bad input becomes dead letters, records the operator finds
     expired are counted late (then dropped, flagged or dead-lettered: the `late` option), and
     the rest go to the operator a key at a time, in arrival order per key."""
     plan = runner.plan
     wm = plan.input_watermark.event
     by_key: dict[str, list[tuple[Record, tuple]]] = {}
-    for item, record, _ in fresh:
+    for item, record, _, _ in fresh:
         error = item.error if item.error is not None else rejected(plan, item.row)
         if error is not None:
             runner.dead_letter(record.key, error, item.row)
@@ -339,13 +344,16 @@ def commit(
     store: ShardStore,
     txn: Any,
     runner: KeyRunner,
-    fresh: list[tuple[TaskInput, Record, bytes]],
+    fresh: list[Fresh],
     gc_watermark: int,
 ) -> None:
     """5. One guarded commit: state, timers, record ids, checkpoints and counters, or nothing
     (FencedError when a newer owner holds the lease)."""
     bucket_of = store.bucket_of
-    txn.add_ids([(bucket_of(r.system_time), r.id, position) for _, r, position in fresh])
+    txn.add_ids(
+        [(bucket_of(r.system_time), r.id, position) for _, r, position, _ in fresh],
+        [d for _, _, _, d in fresh],
+    )
     drop = store.gc_buckets(gc_watermark)
     if drop:
         txn.drop_buckets(drop)

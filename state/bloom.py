@@ -32,18 +32,38 @@ def _hash_pairs(ids: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return pairs[:, 0], pairs[:, 1] | np.uint64(1)  # odd step: probes never collapse to one bit
 
 
+HASHED_BYTES = 12  # a fingerprint: 64 bits for the first probe, 32 for the step
+
+
+def _fingerprint_pairs(ids: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The probe pair of ids that are already uniform hashes (the catalog's 96-bit
+    fingerprints): read from their bytes, all ids at once, instead of hashing each again."""
+    if not len(ids):
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    joined = b"".join(ids)
+    if len(joined) != HASHED_BYTES * len(ids):
+        raise ValueError(f"a hashed Bloom filter takes {HASHED_BYTES}-byte fingerprints")
+    rows = np.frombuffer(joined, dtype=np.uint8).reshape(-1, HASHED_BYTES)
+    first = rows[:, :8].copy().view("<u8").ravel()
+    step = rows[:, 8:].copy().view("<u4").ravel().astype(np.uint64)
+    return first, step | np.uint64(1)
+
+
 class BloomFilter:
     """A fixed-size Bloom filter over byte strings, Kirsch-Mitzenmacher double hashing."""
 
-    __slots__ = ("_bits", "count", "hashes", "size")
+    __slots__ = ("_bits", "_pairs", "count", "hashes", "size")
 
-    def __init__(self, expected: int, fp_rate: float) -> None:
+    def __init__(self, expected: int, fp_rate: float, *, hashed: bool = False) -> None:
+        """`hashed`: the ids are fingerprints (`HASHED_BYTES` of a uniform hash), whose bytes
+        give the probes directly; otherwise each id is hashed (mmh3)."""
         self.size, self.hashes = optimal_shape(expected, fp_rate)
         self._bits = np.zeros(self.size // 64, dtype=np.uint64)
+        self._pairs = _fingerprint_pairs if hashed else _hash_pairs
         self.count = 0
 
     def _positions(self, ids: Sequence[bytes]) -> np.ndarray:
-        h1, h2 = _hash_pairs(ids)
+        h1, h2 = self._pairs(ids)
         steps = np.arange(self.hashes, dtype=np.uint64)
         with np.errstate(over="ignore"):
             probes = h1[:, None] + steps[None, :] * h2[:, None]
@@ -85,18 +105,22 @@ class BloomStats:
 
 
 class BucketedBloom:
-    """One filter per system-time bucket of one shard."""
+    """One filter per system-time bucket of one shard (`hashed`: over fingerprints, see
+    `BloomFilter`)."""
 
-    def __init__(self, expected: int, fp_rate: float) -> None:
+    def __init__(self, expected: int, fp_rate: float, *, hashed: bool = False) -> None:
         self.expected = expected
         self.fp_rate = fp_rate
+        self.hashed = hashed
         self.filters: dict[int, BloomFilter] = {}
         self.stats = BloomStats()
 
     def _filter(self, bucket: int) -> BloomFilter:
         bloom = self.filters.get(bucket)
         if bloom is None:
-            bloom = self.filters[bucket] = BloomFilter(self.expected, self.fp_rate)
+            bloom = self.filters[bucket] = BloomFilter(
+                self.expected, self.fp_rate, hashed=self.hashed
+            )
         return bloom
 
     def add(self, bucketed: Iterable[tuple[int, bytes]]) -> None:

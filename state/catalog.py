@@ -109,8 +109,10 @@ class Catalog:
         records: Sequence[tuple[bytes, int, bytes]],
         gc_watermark: int,
         bloom: BucketedBloom | None,
+        digests: Sequence[bytes] | None = None,
     ) -> list[Verdict]:
         """Classify (id, system_time, position) triples; one catalog round trip for "maybe"s.
+        `digests`: the ids' `catalog_entries.digest`, if the caller has them.
 
         An id is looked for in every live bucket, not only its own: a source may send the same
         id again with another system time. Without filters (`bloom` None) every live bucket is
@@ -132,7 +134,10 @@ class Catalog:
             else:
                 seen[rid] = position
                 candidates.append(index)
-        prints = {i: ce.fingerprint(records[i][0]) for i in candidates}
+        if digests is None:
+            prints = {i: ce.fingerprint(records[i][0]) for i in candidates}
+        else:
+            prints = {i: ce.of_digest(digests[i]) for i in candidates}
         if bloom is not None:
             maybe = bloom.maybe_in_any([prints[i][0] for i in candidates])
         else:  # no filters: every live bucket must be asked

@@ -36,10 +36,20 @@ GROUP: Final = 2
 PACKED: Final = 3
 
 
+def digest(rid: bytes) -> bytes:
+    """The id's 128-bit hash, whence its fingerprint and group (`of_digest`): computed once per
+    record, for the dedup verdict and again for the catalog write."""
+    return mmh3.hash_bytes(rid, SEED)
+
+
+def of_digest(digest: bytes) -> tuple[bytes, int]:
+    """The fingerprint and group of an id's digest: disjoint bits of it."""
+    return digest[:FINGERPRINT_BYTES], digest[FINGERPRINT_BYTES] % GROUPS
+
+
 def fingerprint(rid: bytes) -> tuple[bytes, int]:
     """The id's fingerprint and group: disjoint bits of one 128-bit hash."""
-    digest = mmh3.hash_bytes(rid, SEED)
-    return digest[:FINGERPRINT_BYTES], digest[FINGERPRINT_BYTES] % GROUPS
+    return of_digest(digest(rid))
 
 
 def position_hash(position: bytes) -> bytes:
@@ -48,11 +58,15 @@ def position_hash(position: bytes) -> bytes:
 
 def entries(ids: Iterable[tuple[int, bytes, bytes]]) -> list[Entry]:
     """(bucket, id, position) triples as entries."""
-    hash_bytes, hash32, n = mmh3.hash_bytes, mmh3.hash, FINGERPRINT_BYTES  # every record
+    return entries_of_digests((bucket, digest(rid), where) for bucket, rid, where in ids)
+
+
+def entries_of_digests(ids: Iterable[tuple[int, bytes, bytes]]) -> list[Entry]:
+    """(bucket, digest of the id, position) triples as entries."""
+    hash32, n = mmh3.hash, FINGERPRINT_BYTES  # every record
     return [
         (bucket, d[:n], d[n] % GROUPS, d[:n] + hash32(where, SEED, signed=False).to_bytes(4, "big"))
-        for bucket, rid, where in ids
-        for d in (hash_bytes(rid, SEED),)
+        for bucket, d, where in ids
     ]
 
 

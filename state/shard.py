@@ -133,7 +133,8 @@ class ShardStore:
     def _new_bloom(self) -> BucketedBloom | None:
         if not self.config.use_bloom:
             return None
-        return BucketedBloom(self.config.bloom_expected, self.config.bloom_fp_rate)
+        # The catalog's fingerprints are hashes already: the filters read their probes from them.
+        return BucketedBloom(self.config.bloom_expected, self.config.bloom_fp_rate, hashed=True)
 
     def _sync(self, soft: ShardSoftState | None) -> ShardSoftState:
         if soft is not None and soft.version == self._version:
@@ -176,12 +177,15 @@ class ShardStore:
         return self.catalog.bucket_of(system_time)
 
     def dedup(
-        self, records: Sequence[tuple[bytes, int, bytes]], gc_watermark: int
+        self,
+        records: Sequence[tuple[bytes, int, bytes]],
+        gc_watermark: int,
+        digests: Sequence[bytes] | None = None,
     ) -> list[Verdict]:
         """The catalog's verdicts on (id, system_time, position) triples (`Catalog.dedup`),
         with this process's Bloom filters."""
         _, soft = self._require_lease()
-        return self.catalog.dedup(records, gc_watermark, soft.bloom)
+        return self.catalog.dedup(records, gc_watermark, soft.bloom, digests)
 
     # --- 3. state, timers, pending productions --------------------------------------------
     def load(
