@@ -140,6 +140,17 @@ class Bench:
 
 def tree_rss_by_kind(root: int) -> dict[str, int]:
     """Resident bytes of `root`'s session and every descendant, by kind: java, python, other."""
+    out = {"java": 0, "python": 0, "other": 0}
+    for name, rss in tree_rss_by_process(root):
+        kind = name.split(" ", 1)[0]
+        out[kind if kind in out else "other"] += rss
+    return out
+
+
+def tree_rss_by_process(root: int) -> list[tuple[str, int]]:
+    """Resident bytes of each process of `root`'s session and its descendants, largest first,
+    each named by kind and pid: "java 123", "python 456" (the driver is `root`: "python
+    <root> (driver)"), "other 789"."""
     page = os.sysconf("SC_PAGE_SIZE")
     info: dict[int, tuple[int, int, int, str]] = {}  # pid -> (ppid, session, rss, comm)
     for entry in os.listdir("/proc"):
@@ -160,12 +171,12 @@ def tree_rss_by_kind(root: int) -> dict[str, int]:
         extra = {pid for pid, (ppid, _, _, _) in info.items() if ppid in members} - members
         members |= extra
         grew = bool(extra)
-    out = {"java": 0, "python": 0, "other": 0}
+    out: list[tuple[str, int]] = []
     for pid in members & info.keys():
         comm = info[pid][3]
         kind = "java" if comm == "java" else "python" if comm.startswith("python") else "other"
-        out[kind] += info[pid][2]
-    return out
+        out.append((f"{kind} {pid}{' (driver)' if pid == root else ''}", info[pid][2]))
+    return sorted(out, key=lambda item: -item[1])
 
 
 def tree_rss_bytes(root: int) -> int:
@@ -174,12 +185,14 @@ def tree_rss_bytes(root: int) -> int:
 
 
 class RssSampler(threading.Thread):
-    """Peak of `tree_rss_bytes(pid)`, sampled twice a second."""
+    """Peak of `tree_rss_bytes(pid)`, sampled twice a second, and what it was made of: each
+    process of the tree at that moment (`peak_by_process`: driver, JVM, Python workers)."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(name=f"rss-{pid}", daemon=True)
         self.pid = pid
         self.peak = 0
+        self.peak_by_process: list[tuple[str, int]] = []
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -188,7 +201,10 @@ class RssSampler(threading.Thread):
     def run(self) -> None:
         while not self._halt.is_set():
             with contextlib.suppress(Exception):
-                self.peak = max(self.peak, tree_rss_bytes(self.pid))
+                processes = tree_rss_by_process(self.pid)
+                total = sum(rss for _, rss in processes)
+                if total > self.peak:
+                    self.peak, self.peak_by_process = total, processes
             self._halt.wait(0.5)
 
 
@@ -223,6 +239,12 @@ class Process:
     @property
     def peak_rss_mb(self) -> float:
         return round((self.sampler.peak if self.sampler else 0) / 2**20, 1)
+
+    @property
+    def peak_rss_by_process_mb(self) -> dict[str, float]:
+        """What the peak was made of: MB per process of the tree, largest first."""
+        found = self.sampler.peak_by_process if self.sampler else []
+        return {name: round(rss / 2**20, 1) for name, rss in found}
 
     @property
     def restarts(self) -> int:

@@ -221,6 +221,7 @@ def _pipeline(
         for watcher in watchers.values():
             watcher.stop()
         peak = process.peak_rss_mb
+        by_process = process.peak_rss_by_process_mb
         restarts = process.restarts
     return {
         "app": app,
@@ -230,6 +231,7 @@ def _pipeline(
         "spark": spark_progress(folder / PROGRESS_FILE, f"{app}.", phases[0].start_ms),
         "phases": [p.__dict__ for p in phases],
         "peak_rss_mb": peak,
+        "peak_rss_by_process_mb": by_process,
         "query_restarts": restarts,
         "drained": drained,
         "sent": total,
@@ -301,6 +303,7 @@ def run_floor(bench: Bench) -> dict[str, Any]:
             lambda: redis_int(client, f"{prefix}:records") >= total,
         )
         peak = process.peak_rss_mb
+        by_process = process.peak_rss_by_process_mb
         restarts = process.restarts
     samples = []
     for line in (folder / "latency.txt").read_text().splitlines():
@@ -312,6 +315,7 @@ def run_floor(bench: Bench) -> dict[str, Any]:
         "raw": samples,
         "drained": drained,
         "peak_rss_mb": peak,
+        "peak_rss_by_process_mb": by_process,
         "query_restarts": restarts,
     }
 
@@ -337,6 +341,7 @@ def run_quix(bench: Bench) -> dict[str, Any]:
         time.sleep(2 * PAUSE_S)
         watcher.stop()
         peak = process.peak_rss_mb
+        by_process = process.peak_rss_by_process_mb
         restarts = process.restarts
     return {
         "phases": [p.__dict__ for p in phases],
@@ -344,6 +349,7 @@ def run_quix(bench: Bench) -> dict[str, Any]:
         "raw_window": windows.samples(),
         "drained": drained,
         "peak_rss_mb": peak,
+        "peak_rss_by_process_mb": by_process,
         "query_restarts": restarts,
     }
 

@@ -201,6 +201,7 @@ def run_millstream(
             rows.append(result)
         for row in rows:  # one process ran them all
             row["peak_rss_mb"] = process.peak_rss_mb
+            row["peak_rss_by_process_mb"] = process.peak_rss_by_process_mb
             row["query_restarts"] = process.restarts
     for row, config in zip(rows, configs, strict=True):
         row["spark"] = spark_progress(folder / PROGRESS_FILE, f"{config['app']}.")
@@ -240,6 +241,7 @@ def run_quix(bench: Bench, topic: str, events: int, commit_interval: float = 1.0
             since=process.started,
         )
         result["peak_rss_mb"] = process.peak_rss_mb
+        result["peak_rss_by_process_mb"] = process.peak_rss_by_process_mb
         result["query_restarts"] = process.restarts
     result.update(system="quix", exactly_once=True, commit_interval_s=commit_interval)
     return result
@@ -263,6 +265,7 @@ def run_plain(bench: Bench, topic: str, events: int) -> dict[str, Any]:
             since=process.started,
         )
         result["peak_rss_mb"] = process.peak_rss_mb
+        result["peak_rss_by_process_mb"] = process.peak_rss_by_process_mb
         result["query_restarts"] = process.restarts
     result.update(
         system="plain-spark",

@@ -129,6 +129,7 @@ def _measure(bench: Bench, rate: float, seconds: float, driver_read: str) -> dic
         sampler.stop()
         profile.stop()
         peak = process.peak_rss_mb
+        by_process = process.peak_rss_by_process_mb
         restarts = process.restarts
         batches = {s: metric(client, app, s, "batches") for s in THREE_STAGES}
         records = {s: metric(client, app, s, "records") for s in THREE_STAGES}
@@ -159,6 +160,7 @@ def _measure(bench: Bench, rate: float, seconds: float, driver_read: str) -> dic
         "samples": sampler.samples,
         "traffic_start_ms": start_ms,
         "peak_rss_mb": peak,
+        "peak_rss_by_process_mb": by_process,
         "query_restarts": restarts,
     }
 
