@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from millstream.connectors.delivery import release_sinks
 from millstream.connectors.driver_read import local_folder
 from millstream.connectors.fused import FusedRunner
 from millstream.connectors.segments import Segment, SegmentLayout, plan_segments
@@ -28,6 +29,7 @@ from millstream.injectors.sources import KAFKA_FORMAT
 from millstream.logs import configure_logging, spark_log_config, spark_log_level
 from millstream.settings import DEFAULT_APP, Settings
 from millstream.state.client import connect
+from millstream.state.shard import PROCESS_CACHE
 
 log = logging.getLogger(__name__)
 
@@ -306,9 +308,13 @@ class Application:
             runner.start(self.spark)
 
     def stop(self) -> None:
+        """Stop the queries, then release what the application built in this process: its
+        sinks' clients and producers, its shards' soft state."""
         for runner in self.runners.values():
             with contextlib.suppress(Exception):
                 runner.query.stop()
+        release_sinks(self.topology.app)
+        PROCESS_CACHE.drop_app(self.topology.app)
 
 
 def _named_by(settings: Settings, topology: Topology) -> Settings:

@@ -70,6 +70,23 @@ def warm_sinks(app: str, stages: Iterable[Stage]) -> None:
                     log.debug("sink of %s/%s not built ahead: %s", stage.name, stream, exc)
 
 
+def release_sinks(app: str) -> None:
+    """Close and forget the sinks `app` built in this process, once it stopped: a process that
+    runs applications one after another (tests, notebooks, the bench) kept every one's Kafka
+    producers and clients. A later run of `app` here builds them again."""
+    with _LOCK:
+        keys = [k for k in _SINKS if k[0] == app]
+        sinks = [_SINKS.pop(k) for k in keys]
+    for sink in sinks:
+        close = getattr(sink, "close", None)
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception as exc:  # a stopped application's sink: nothing waits on it
+            log.warning("closing a sink of stopped application %s: %s", app, exc)
+
+
 def deliver_all(
     plan: BatchPlan, computation: str, shard: int, productions: list[Production]
 ) -> list[Production]:

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -302,8 +302,11 @@ class ShardProducers:
         """Remove a dropped producer (its `forget`, bound to its sink's config key)."""
         self.pop(config_key, state.txn_id)
 
-    def drain(self, config_key: Any) -> list[ShardProducer]:
+    def drain(self, config_key: Any, txn_ids: Collection[str]) -> list[ShardProducer]:
+        """Remove and return this process's producers of `txn_ids` under `config_key`."""
         pid = os.getpid()
         with self._lock:
-            keys = [k for k in self._items if k[0] == pid and k[1] == config_key]
+            keys = [
+                k for k in self._items if k[0] == pid and k[1] == config_key and k[2] in txn_ids
+            ]
             return [self._items.pop(k) for k in keys]

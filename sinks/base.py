@@ -155,7 +155,8 @@ class Sink(ABC):
         """Deliver every production durably, or raise; see the module docstring."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release clients; never leaves a Kafka transaction open."""
+        """Release clients; never leaves a Kafka transaction open. The runtime calls it on the
+        driver when the application stops."""
 
     def __enter__(self) -> Sink:
         self.setup()

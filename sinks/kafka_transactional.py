@@ -145,6 +145,7 @@ class KafkaTransactionalSink(Sink):
         self._txn_timeout_s = transaction_timeout_ms / 1000
         self._metadata_timeout = float(metadata_timeout_s)
         self._cap = max_cached_producers
+        self._txn_ids: set[str] = set()  # the shards' producers this sink delivered with
         self._kafka = KafkaSettings(
             type(self).__name__,
             kafka_config,
@@ -171,6 +172,7 @@ class KafkaTransactionalSink(Sink):
         bound = copy.copy(self)
         bound._kafka = self._kafka.bind(kafka_config)
         bound._checked = set()  # topics checked on that cluster, not shared with this unbound one
+        bound._txn_ids = set()
         return bound
 
     def setup(self) -> None:
@@ -199,6 +201,7 @@ class KafkaTransactionalSink(Sink):
             check_topics(self._kafka.connection, new, self._metadata_timeout)
             self._checked |= new
         txn_id = transactional_id(shard)
+        self._txn_ids.add(txn_id)
         # One delivery per shard at a time: a second waits, then skips what the first committed.
         with _SHARDS.owner(self._kafka.cache_key, txn_id):
             return self._deliver(shard, productions, topics, txn_id, Deadline(self._timeout))
@@ -251,10 +254,11 @@ class KafkaTransactionalSink(Sink):
         )
 
     def close(self) -> None:
-        """Abort any open transaction of this sink's producers and drop them."""
+        """Abort any open transaction of this sink's producers (those of the shards it
+        delivered for) and drop them; other sinks' producers stay."""
         if not self._kafka.bound:
             return  # never delivered: no producers
-        for state in _SHARDS.drain(self._kafka.cache_key):
+        for state in _SHARDS.drain(self._kafka.cache_key, set(self._txn_ids)):
             state.abort_quietly(Deadline(self._timeout))
             state.close()
 

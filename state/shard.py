@@ -71,6 +71,13 @@ class SoftStateCache:
         with self._lock:
             self._shards.pop(keys, None)
 
+    def drop_app(self, app: str) -> None:
+        """Forget every shard of `app` (stopped here: its Bloom filters and cached states would
+        stay for nothing; a later run rebuilds them from Redis)."""
+        with self._lock:
+            for keys in [k for k in self._shards if k.app == app]:
+                del self._shards[keys]
+
 
 PROCESS_CACHE = SoftStateCache()
 
