@@ -350,10 +350,7 @@ def commit(
     """5. One guarded commit: state, timers, record ids, checkpoints and counters, or nothing
     (FencedError when a newer owner holds the lease)."""
     bucket_of = store.bucket_of
-    txn.add_ids(
-        [(bucket_of(r.system_time), r.id, position) for _, r, position, _ in fresh],
-        [d for _, _, _, d in fresh],
-    )
+    txn.add_digests([(bucket_of(r.system_time), d, position) for _, r, position, d in fresh])
     drop = store.gc_buckets(gc_watermark)
     if drop:
         txn.drop_buckets(drop)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -109,21 +108,17 @@ class ShardTransaction:
         """Timers set (not deleted) in this transaction: (key, tag, domain, time, hold)."""
         return [(k, t, *op) for (k, t), op in self._fx.timers.items() if op is not None]
 
-    def add_ids(
-        self, bucketed: list[tuple[int, bytes, bytes]], digests: Sequence[bytes] | None = None
-    ) -> None:
+    def add_ids(self, bucketed: list[tuple[int, bytes, bytes]]) -> None:
         """(bucket, id, position) entering the catalog with this commit: a redelivery of the
-        id is then a duplicate (another position) or a replay (the same position).
-        `digests`: the ids' `catalog_entries.digest`, when the dedup computed them already."""
+        id is then a duplicate (another position) or a replay (the same position)."""
         self._check_open()
-        if digests is None:
-            self._fx.ids.extend(catalog_entries.entries(bucketed))
-            return
-        self._fx.ids.extend(
-            catalog_entries.entries_of_digests(
-                (bucket, d, where) for (bucket, _, where), d in zip(bucketed, digests, strict=True)
-            )
-        )
+        self._fx.ids.extend(catalog_entries.entries(bucketed))
+
+    def add_digests(self, bucketed: list[tuple[int, bytes, bytes]]) -> None:
+        """`add_ids` for ids the dedup already hashed: (bucket, `catalog_entries.digest` of
+        the id, position)."""
+        self._check_open()
+        self._fx.ids.extend(catalog_entries.entries_of_digests(bucketed))
 
     def checkpoint(self, production: Production) -> Production:
         """Strong production: stored with this commit, delivered after it, deleted after the ack."""

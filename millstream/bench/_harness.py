@@ -141,16 +141,14 @@ class Bench:
 def tree_rss_by_kind(root: int) -> dict[str, int]:
     """Resident bytes of `root`'s session and every descendant, by kind: java, python, other."""
     out = {"java": 0, "python": 0, "other": 0}
-    for name, rss in tree_rss_by_process(root):
-        kind = name.split(" ", 1)[0]
-        out[kind if kind in out else "other"] += rss
+    for kind, _, rss in tree_rss_by_process(root):
+        out[kind] += rss
     return out
 
 
-def tree_rss_by_process(root: int) -> list[tuple[str, int]]:
-    """Resident bytes of each process of `root`'s session and its descendants, largest first,
-    each named by kind and pid: "java 123", "python 456" (the driver is `root`: "python
-    <root> (driver)"), "other 789"."""
+def tree_rss_by_process(root: int) -> list[tuple[str, int, int]]:
+    """(kind, pid, resident bytes) of each process of `root`'s session and its descendants,
+    largest first; kind is java, python or other."""
     page = os.sysconf("SC_PAGE_SIZE")
     info: dict[int, tuple[int, int, int, str]] = {}  # pid -> (ppid, session, rss, comm)
     for entry in os.listdir("/proc"):
@@ -171,12 +169,12 @@ def tree_rss_by_process(root: int) -> list[tuple[str, int]]:
         extra = {pid for pid, (ppid, _, _, _) in info.items() if ppid in members} - members
         members |= extra
         grew = bool(extra)
-    out: list[tuple[str, int]] = []
+    out: list[tuple[str, int, int]] = []
     for pid in members & info.keys():
         comm = info[pid][3]
         kind = "java" if comm == "java" else "python" if comm.startswith("python") else "other"
-        out.append((f"{kind} {pid}{' (driver)' if pid == root else ''}", info[pid][2]))
-    return sorted(out, key=lambda item: -item[1])
+        out.append((kind, pid, info[pid][2]))
+    return sorted(out, key=lambda item: -item[2])
 
 
 def tree_rss_bytes(root: int) -> int:
@@ -192,7 +190,7 @@ class RssSampler(threading.Thread):
         super().__init__(name=f"rss-{pid}", daemon=True)
         self.pid = pid
         self.peak = 0
-        self.peak_by_process: list[tuple[str, int]] = []
+        self.peak_by_process: list[tuple[str, int, int]] = []
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -202,7 +200,7 @@ class RssSampler(threading.Thread):
         while not self._halt.is_set():
             with contextlib.suppress(Exception):
                 processes = tree_rss_by_process(self.pid)
-                total = sum(rss for _, rss in processes)
+                total = sum(rss for _, _, rss in processes)
                 if total > self.peak:
                     self.peak, self.peak_by_process = total, processes
             self._halt.wait(0.5)
@@ -242,9 +240,14 @@ class Process:
 
     @property
     def peak_rss_by_process_mb(self) -> dict[str, float]:
-        """What the peak was made of: MB per process of the tree, largest first."""
+        """What the peak was made of: MB per process of the tree, largest first, each named by
+        kind and pid ("java 123", "python 456 (driver)" for the pipeline's own process)."""
         found = self.sampler.peak_by_process if self.sampler else []
-        return {name: round(rss / 2**20, 1) for name, rss in found}
+        driver = self.proc.pid if self.proc else None
+        return {
+            f"{kind} {pid}{' (driver)' if pid == driver else ''}": round(rss / 2**20, 1)
+            for kind, pid, rss in found
+        }
 
     @property
     def restarts(self) -> int:
