@@ -7,7 +7,9 @@ The same batches of the throughput workload (1,000 Zipf-distributed queries, JSO
 event times spread over 10 s, one id per record) are routed and run through
 `shard_task.run_shard` (acquire, dedup, load, operator, commit: everything a shard task does,
 one process, no Spark) for: the count as a hand-written `Computation` (the bench's
-`WindowCounter`), as `Topology.window(..., Tumbling(1000), Count())` unlifted, and lifted.
+`WindowCounter`), as `Topology.window(..., Tumbling(1000), Count())` unlifted, lifted, and
+lifted with the ids the injector derives from each record's position (offset marks instead of
+the catalog; the other paths read an id header).
 Each rep runs every path on a fresh application, interleaved (ABC ABC ...), so drift in the
 machine's load spreads over all three. Reported: the median over reps of this process's CPU
 seconds per record (`time.process_time`, routing and run_shard only), of wall seconds, of
@@ -36,15 +38,19 @@ from millstream.bench._topologies import WindowCounter
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.routing import route
 from millstream.connectors.shard_task import run_shard
+from millstream.injectors.record_ids import derived_id
 from millstream.state.shard import ShardConfig
 from millstream.state.watermarks import Watermark
 
 SHARDS = 8
-PATHS = ("hand-written", "window unlifted", "window lifted")
+PATHS = ("hand-written", "window unlifted", "window lifted", "lifted, offset ids")
+OFFSET_IDS = "lifted, offset ids"  # ids derived from the Kafka position: offset marks, no catalog
 
 
 def _topology(app: str, path: str) -> Topology:
-    topology = Topology(app).source("queries", kafka_source("q", id_header="event-id"))
+    own_ids = path != OFFSET_IDS
+    source = kafka_source("q", id_header="event-id" if own_ids else None)
+    topology = Topology(app).source("queries", source)
     if path == "hand-written":
         topology.computation(
             "count", WindowCounter(), inputs={"queries": json_field("q")},
@@ -54,7 +60,7 @@ def _topology(app: str, path: str) -> Topology:
         topology.window(
             "count", stream="queries", key=json_field("q"), window=Tumbling(1000),
             aggregate=Count(), output="window_counts", shards=SHARDS,
-            lift=path == "window lifted",
+            lift=path in ("window lifted", OFFSET_IDS),
         )  # fmt: skip
     return topology
 
@@ -70,6 +76,11 @@ def _rows(records: int, start_ms: int, offset: int, rng: random.Random) -> list[
             ("queries", uuid.uuid4().bytes, None, value, ts, ts, "q", i % 4, offset + i, None, None)
         )
     return rows
+
+
+def _offset_ids(rows: list[tuple]) -> list[tuple]:
+    """The same rows with the ids the injector derives from their position (no id header)."""
+    return [(*r[:1], derived_id(r[6], r[7], r[8]), *r[2:]) for r in rows]
 
 
 def _plan(app: str, batch_id: int, url: str, watermark: int, now: int) -> BatchPlan:
@@ -151,7 +162,8 @@ def main() -> None:
                 for b in range(args.batches)
             ]
             for path in PATHS:
-                runs[path].append(run_path(url, path, batches, start_ms))
+                rows = [_offset_ids(b) for b in batches] if path == OFFSET_IDS else batches
+                runs[path].append(run_path(url, path, rows, start_ms))
             print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
         summary = {
             path: {

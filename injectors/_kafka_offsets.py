@@ -1,4 +1,5 @@
-"""The Kafka injector's Spark offset, admission control and record ids: pure code, no I/O.
+"""The Kafka injector's Spark offset and admission control: pure code, no I/O (its record ids:
+`record_ids.py`).
 
 The offset is the whole resumable position (bytewax's snapshot, not state in the object):
 
@@ -11,7 +12,6 @@ empty, at least once per tick so that watermarks advance and wall-time timers fi
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -89,17 +89,3 @@ def allocate(
         budget -= taken
         pending = rest
     return out
-
-
-def id_prefix(topic: str, partition: int) -> bytes:
-    """The first 8 bytes of every derived id of one partition: topic hash + partition."""
-    return hashlib.blake2b(topic.encode(), digest_size=4).digest() + partition.to_bytes(4, "big")
-
-
-def derived_id(topic: str, partition: int, offset: int) -> bytes:
-    """A record's id when no header or extractor names one: 16 bytes, stable across every
-    redelivery: blake2b-32(topic) | partition (4 bytes) | offset (8 bytes), big-endian.
-
-    Recreating a topic restarts its offsets and so reuses ids: give such a topic a new name.
-    """
-    return id_prefix(topic, partition) + offset.to_bytes(8, "big")

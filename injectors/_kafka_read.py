@@ -29,9 +29,9 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from millstream.errors import ConfigurationError, TransientError
-from millstream.injectors._kafka_offsets import derived_id, id_prefix
 from millstream.injectors._kafka_options import Extractor, KafkaInjectorOptions, load_extractor
 from millstream.injectors._kafka_probe import broker_error, next_events
+from millstream.injectors.record_ids import derived_id, id_prefix
 from millstream.injectors.schema import INJECTED_SCHEMA
 
 log = logging.getLogger(__name__)

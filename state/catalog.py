@@ -44,6 +44,7 @@ class DedupStats:
     catalog_reads: int = 0
     lookups_avoided: int = 0
     false_positives: int = 0
+    by_offset: int = 0  # decided by the shard's offset marks, not the catalog (offset_marks.py)
 
 
 class Catalog:

@@ -69,6 +69,12 @@ class ShardKeys:
         return f"{self.tag}:buckets"
 
     @property
+    def offset_marks(self) -> str:
+        """Hash partition prefix -> next offset and time: what the shard applied of records
+        whose ids are their Kafka position (`offset_marks.py`), instead of catalog entries."""
+        return f"{self.tag}:marks"
+
+    @property
     def commit_log(self) -> str:
         """Hash version -> ids and keys a commit wrote: lets other workers sync soft state cheaply."""
         return f"{self.tag}:log"

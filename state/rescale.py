@@ -18,7 +18,8 @@ two batches or by `millstream rescale` while the application is stopped:
 3. *Write* each new shard in one MULTI under its own lease, after deleting what an interrupted
    attempt left there: the states and timers of its keys; the union of the catalogs of every
    old shard its keys can come from (a catalog entry does not name its key, so each new shard
-   gets every id it may be sent again: a split copies, a merge unites); the counters of the old
+   gets every id it may be sent again: a split copies, a merge unites); the old shards' offset
+   marks, each qualified by the keys it covers (`offset_marks.inherit`); the counters of the old
    shards s with s mod S' = t; a production seq above every old shard's (the sinks' progress is
    per shard number); the newest last batch.
 4. *Switch* the recorded layout to (S', g + 1), only if it is still (S, g), and drop the request.
@@ -48,6 +49,7 @@ from millstream.state.catalog import MOVE_AT, bucket_keys
 from millstream.state.client import RedisClient, RedisPipeline
 from millstream.state.keys import ShardKeys, shard_of
 from millstream.state.lease import RETIRED, acquire, guarded
+from millstream.state.offset_marks import inherit
 from millstream.state.shard_count import (
     ShardLayout,
     rescale_reports_key,
@@ -98,6 +100,7 @@ class _OldShard:
     catalog: dict[tuple[int, int], bytes]  # (bucket, group) -> packed entries
     legacy: dict[int, dict[FieldT, EncodableT]]  # bucket -> id -> position (older versions' layout)
     buckets: dict[str, float]  # live-bucket index member -> bucket
+    marks: dict[bytes, bytes]  # offset marks (offset_marks.py)
     counters: dict[bytes, bytes]
     production_seq: int
     last_batch: int | None
@@ -206,7 +209,8 @@ def _read(client: RedisClient, keys: ShardKeys) -> _OldShard:
     pipe.get(keys.production_seq)
     pipe.get(keys.last_batch)
     pipe.hlen(keys.productions)
-    states, event, wall, holds, buckets, counters, seq, last, pending = pipe.execute()
+    pipe.hgetall(keys.offset_marks)
+    states, event, wall, holds, buckets, counters, seq, last, pending, marks = pipe.execute()
     index = {_text(m): float(s) for m, s in buckets}
     live = sorted({int(s) for s in index.values()})
     pipe = client.pipeline(transaction=False)
@@ -238,6 +242,7 @@ def _read(client: RedisClient, keys: ShardKeys) -> _OldShard:
         catalog=catalog,
         legacy=legacy,
         buckets=index,
+        marks=marks,
         counters=counters,
         production_seq=int(seq or 0),
         last_batch=None if last is None else int(last),
@@ -255,7 +260,9 @@ def _write(
     report: MoveReport,
 ) -> None:
     """Step 3 for new shard `target`: one MULTI under its lease."""
-    sources = [shards_read[s] for s in new_shard_sources(old.shards, new.shards, target)]
+    numbers = new_shard_sources(old.shards, new.shards, target)
+    sources = [shards_read[s] for s in numbers]
+    marks = inherit([(s, shards_read[s].marks) for s in numbers], old.shards)
 
     def mine(key: str) -> bool:
         return shard_of(key, new.shards) == target
@@ -295,6 +302,8 @@ def _write(
             key = keys.timer_holds if kind == "hold" else keys.timers(kind)
             pipe.zadd(key, scored)
         _queue_catalog(pipe, keys, catalog, legacy, index)
+        if marks:
+            pipe.hset(keys.offset_marks, mapping=dict(marks.items()))
         if counters:
             pipe.hset(keys.counters, mapping=counters)
         pipe.set(keys.production_seq, seq)
@@ -333,7 +342,7 @@ def _fixed_keys(keys: ShardKeys) -> list[str]:
     return [
         keys.state, *[keys.timers(d) for d in DOMAINS], keys.timer_holds, keys.version,
         keys.production_seq, keys.last_batch, keys.counters, keys.buckets, keys.productions,
-        keys.production_times, keys.production_system_times, keys.commit_log,
+        keys.production_times, keys.production_system_times, keys.commit_log, keys.offset_marks,
     ]  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from millstream.state.catalog_entries import unpack_log
 from millstream.state.client import RedisClient, RedisPipeline
 from millstream.state.keys import ShardKeys
 from millstream.state.lease import Lease, Position, acquire_and_read
+from millstream.state.offset_marks import OffsetMarks, Run
 from millstream.state.timers import parse_timer
 from millstream.state.transaction import COMMIT_LOG_KEEP, ShardTransaction
 from millstream.state.watermarks import NO_WORK, Watermark
@@ -102,6 +103,7 @@ class ShardStore:
         self._next_seq = 0
         self._pending_count = 0
         self.catalog = Catalog(client, keys, self.config.bucket_ms)
+        self.offset_marks = OffsetMarks()
         self._round_trips = 0
 
     @property
@@ -123,9 +125,11 @@ class ShardStore:
             pipe.get(keys.production_seq)
             self.catalog.queue_live_buckets(pipe)
             pipe.zcard(keys.production_times)
+            pipe.hgetall(keys.offset_marks)
 
         self.lease, replies = acquire_and_read(self.client, keys, reads)
-        version, seq, buckets, pending = replies
+        version, seq, buckets, pending, marks = replies
+        self.offset_marks = OffsetMarks.parse(marks)
         self._round_trips += 1
         self._version = int(version or 0)
         self._next_seq = int(seq or 0)
@@ -193,6 +197,44 @@ class ShardStore:
         with this process's Bloom filters."""
         _, soft = self._require_lease()
         return self.catalog.dedup(records, gc_watermark, soft.bloom, digests)
+
+    def dedup_by_offset(self, runs: Sequence[Run], gc_watermark: int) -> list[Verdict | None]:
+        """Verdicts on runs of records whose ids are their Kafka position (one run per
+        partition, in offset order), from the shard's offset marks (`offset_marks.py`), no
+        catalog read; flat, in the runs' order. None where no live mark covers a record (ask
+        the catalog). Remnants (older than the GC watermark) as the catalog tells them."""
+        self._require_lease()
+        out: list[Verdict | None] = []
+        runs_of: dict[bytes, int] = {}
+        for run in runs:
+            runs_of[run[0]] = runs_of.get(run[0], 0) + 1
+        earlier: dict[bytes, set[int]] = {}  # a partition read as two streams: first one wins
+        stats = self.catalog.stats
+        new, replay = Verdict.NEW, Verdict.REPLAY
+        for run in runs:
+            prefix, offsets, _, times = run
+            applied = self.offset_marks.applied(run, gc_watermark)
+            if applied is None:
+                out.extend([None] * len(offsets))
+                continue
+            verdicts = [None if a is None else replay if a else new for a in applied]
+            if min(times) < gc_watermark:
+                for at, system_time in enumerate(times):
+                    if system_time < gc_watermark:
+                        verdicts[at] = Verdict.REMNANT
+            if runs_of[prefix] > 1:
+                seen = earlier.setdefault(prefix, set())
+                for at, offset in enumerate(offsets):
+                    if verdicts[at] is new and offset in seen:
+                        verdicts[at] = replay
+                seen.update(offsets)
+            decided = len(verdicts) - verdicts.count(None)
+            stats.checked += decided
+            stats.by_offset += decided
+            stats.replays += verdicts.count(replay)
+            stats.remnants += verdicts.count(Verdict.REMNANT)
+            out.extend(verdicts)
+        return out
 
     # --- 3. state, timers, pending productions --------------------------------------------
     def load(

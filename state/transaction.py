@@ -43,6 +43,8 @@ class _Effects:
     acked: list[Production] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     drop_buckets: list[int] = field(default_factory=list)
+    marks: dict[bytes, bytes] = field(default_factory=dict)
+    dropped_marks: list[bytes] = field(default_factory=list)
 
 
 class ShardTransaction:
@@ -120,6 +122,14 @@ class ShardTransaction:
         self._check_open()
         self._fx.ids.extend(catalog_entries.entries_of_digests(bucketed))
 
+    def move_offset_marks(self, sets: dict[bytes, bytes], drops: list[bytes]) -> None:
+        """The shard's offset marks this commit moves and drops (`OffsetMarks.writes`): the
+        records whose ids are their position enter the shard's memory this way, not the
+        catalog's, in the same commit as their effects."""
+        self._check_open()
+        self._fx.marks.update(sets)
+        self._fx.dropped_marks.extend(drops)
+
     def checkpoint(self, production: Production) -> Production:
         """Strong production: stored with this commit, delivered after it, deleted after the ack."""
         self._check_open()
@@ -175,6 +185,8 @@ class ShardTransaction:
             or fx.acked
             or fx.counters
             or fx.drop_buckets
+            or fx.marks
+            or fx.dropped_marks
         )
 
     # --- commit -------------------------------------------------------------------------------
@@ -185,7 +197,7 @@ class ShardTransaction:
            token means a newer owner: raise FencedError (never retried). Steps 1 and 3 are
            `lease.guarded`.
         2. MULTI: state writes and deletes, timer sets and deletes, catalog ids per bucket and
-           the live-bucket index, checkpointed productions with their seq, acknowledged
+           the live-bucket index, offset marks, checkpointed productions with their seq, acknowledged
            checkpoints removed, dropped buckets, metrics, the commit-log entry and version.
         3. EXEC: if the sequencer moved in between, Redis discards it all: FencedError.
         """
@@ -220,6 +232,11 @@ class ShardTransaction:
             pipe.hdel(keys.state, *deletes)
         _queue_timers(pipe, keys, fx.timers)
         queue_catalog_writes(pipe, keys, fx.ids, fx.drop_buckets)
+        if fx.marks:
+            marks: dict[FieldT, EncodableT] = dict(fx.marks.items())
+            pipe.hset(keys.offset_marks, mapping=marks)
+        if fx.dropped_marks:
+            pipe.hdel(keys.offset_marks, *fx.dropped_marks)
         if fx.productions:
             checkpoints: dict[FieldT, EncodableT] = {
                 p.id: encode_production(p) for p in fx.productions

@@ -101,7 +101,10 @@ def build(config: dict[str, Any]) -> Topology:
     topology = Topology(str(config["app"]))
     topology.source(
         "queries",
-        kafka_source(str(config["input_topic"]), id_header="event-id"),
+        kafka_source(
+            str(config["input_topic"]),
+            id_header=None if config.get("offset_ids") else "event-id",
+        ),
         max_out_of_order_ms=int(config.get("max_out_of_order_ms", 0)),
     )
     by_query = json_field("q")

@@ -18,9 +18,9 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from millstream.injectors._kafka_offsets import derived_id
 from millstream.injectors._kafka_read import close_consumers
 from millstream.injectors.kafka import KafkaInjector, KafkaRange
+from millstream.injectors.record_ids import derived_id
 from millstream.state.client import connect
 from millstream.state.watermarks import Watermark, WatermarkAuthority
 from millstream.testing.infra import create_topic

@@ -103,6 +103,7 @@ def throughput(
             row("millstream-eo", eo, 2000.0),
             row("millstream-eo-window", 18_000.0, 2000.0),
             row("millstream-eo-lifted", lifted, 2000.0),
+            row("millstream-eo-lifted-offset-ids", 32_000.0, 2000.0),
             row("millstream-no-eo", 24_000.0, 2000.0),
             row("quix", quix, 145.0),
         ],
@@ -222,6 +223,7 @@ def test_the_lifted_window_is_judged_against_twice_quix_with_the_other_paths_bes
     assert entry["measured"] == 2.5 and entry["goal"] == 2.0 and entry["met"] is True
     assert entry["unlifted_events_per_s"] == 18_000.0
     assert entry["hand_written_events_per_s"] == 20_000.0
+    assert entry["offset_ids_events_per_s"] == 32_000.0 and "2.00x Quix" in entry["detail"]
     (_, slow) = targets.throughput_targets(throughput(lifted=24_000.0, quix=16_000.0))
     assert slow["measured"] == 1.5 and slow["met"] is False
     assert "Missed by 0.5 x" in slow["detail"]
@@ -613,6 +615,7 @@ def test_driver_read_ab_interleaves_a_read_off_throughput_variant(
         ("millstream-eo", None),
         (tp.WINDOW_OP, None),
         (tp.LIFTED, None),
+        (tp.LIFTED_OFFSETS, None),
         ("millstream-no-eo", None),
         (tp.READ_OFF, "off"),
     ]

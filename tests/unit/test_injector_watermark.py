@@ -17,7 +17,6 @@ from millstream.errors import TransientError
 from millstream.injectors._kafka_offsets import (
     InjectorOffset,
     allocate,
-    derived_id,
     parse_tp,
     tp_key,
 )
@@ -26,6 +25,7 @@ from millstream.injectors._kafka_plan import OffsetPlanner
 from millstream.injectors._kafka_probe import EARLIEST, Peek
 from millstream.injectors._kafka_watch import BrokerWatch
 from millstream.injectors.kafka import KafkaRange, KafkaStreamReader, ReadAllAvailable
+from millstream.injectors.record_ids import derived_id
 from millstream.injectors.watermark import (
     OutageHold,
     PartitionProgress,

@@ -5,7 +5,7 @@ of the formula."""
 from __future__ import annotations
 
 from millstream.injectors import _kafka_read
-from millstream.injectors._kafka_offsets import derived_id
+from millstream.injectors.record_ids import derived_id
 from millstream.injectors.schema import INJECTED_SCHEMA
 
 ID = INJECTED_SCHEMA.fieldNames().index("id")
