@@ -102,6 +102,8 @@ def status(client: Any, app: str) -> dict[str, Any]:
             "dead_letters": int(metrics.get("dead_letters", 0)),
             "catalog_lookups_avoided": int(metrics.get("lookups_avoided", 0)),
             "catalog_reads": int(metrics.get("catalog_reads", 0)),
+            # records whose ids are their Kafka position, decided by offset marks, no catalog
+            "deduplicated_by_offset": int(metrics.get("offset_marked", 0)),
             "pending_productions": sum(counts[0::3]),
             # Set while the computation takes no new input because a target is down or slow.
             "backpressure_since": json.loads(metrics["backpressure"])["since"]
