@@ -9,8 +9,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from millstream.connectors.formats import FieldExtractor, FormatError, ValueFormat, decode_with
+from millstream.connectors.fresh_records import format_error
+from millstream.connectors.key_runner import ERROR, ID, KEY, STREAM, VALUE
 from millstream.connectors.plan import TaskInput, shard_of
-from millstream.connectors.shard_task import ERROR, ID, KEY, STREAM, VALUE, format_error
 
 
 def route(

@@ -1,6 +1,6 @@
 """The executor side of docs/design.md section 4: one shard of one computation's part of a batch.
 
-`acquire` -> `dedup` -> `load` -> operator `after_load` -> `fire_timers` -> `run_records`
+`acquire` -> `dedup` (`connectors/fresh_records.py`) -> `load` -> operator `after_load` -> `fire_timers` -> `run_records`
 (operator `process_key`, a key's batch at a time) -> `fire_timers_at_end` -> operator
 `before_commit` -> `commit` (one guarded commit). The operator (`connectors/operator.py`: a
 hand-written `Computation`, a window, ...) is called at those points and writes through a
@@ -11,46 +11,33 @@ productions with its lease, and the driver hands them over, delivers and acknowl
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
 import time
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaException
 
 from millstream.connectors.delivery import deliver_all
-from millstream.connectors.formats import FormatError, ValueFormat, decode_with
+from millstream.connectors.fresh_records import Fresh, decode_inputs, dedup
 from millstream.connectors.key_runner import ERROR as ERROR
+from millstream.connectors.key_runner import KEY as KEY
 from millstream.connectors.key_runner import (
-    HEADERS,
-    ID,
     OFFSET,
     PARTITION,
     SOURCE,
     STREAM,
-    SYSTEM,
-    TS,
-    VALUE,
     KeyRunner,
     rejected,
 )
-from millstream.connectors.key_runner import KEY as KEY
 from millstream.connectors.operator import Operator
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.topology import ComputationSpec
 from millstream.errors import ConfigurationError, FencedError, MillstreamError, StaleBatchError
 from millstream.fault_points import fault_point
-from millstream.headers import HEADER_ID, HEADER_SYSTEM_TIME, decode_time_header, visible_headers
-from millstream.injectors.record_ids import is_position, partition_prefix
 from millstream.records import Production, Record, TimeDomain, Timer
-from millstream.state.catalog import Verdict
-from millstream.state.catalog_entries import digest as id_digest
 from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
-from millstream.state.offset_marks import Run
 from millstream.state.replay import SOURCE as REPLAY_SOURCE
 from millstream.state.shard import ShardStore
 from millstream.state.timers import firing_order
@@ -73,63 +60,6 @@ class ShardResult:
     outstanding: list[Production] = field(default_factory=list)
     redelivered: int = 0
     lease: tuple[int, int, int] | None = None
-
-
-def header(headers: Iterable[Any] | None, name: str) -> bytes | None:
-    for item in headers or ():
-        if item[0] == name:
-            return item[1]
-    return None
-
-
-def to_record(item: TaskInput, internal: frozenset[str]) -> Record:
-    """Internal streams carry the production's id and system time in headers; user code sees
-    the other headers only (`visible_headers`)."""
-    row = item.row
-    rid, system_time = row[ID], row[SYSTEM]
-    if row[STREAM] in internal:
-        rid = header(row[HEADERS], HEADER_ID) or rid
-        system_time = decode_time_header(header(row[HEADERS], HEADER_SYSTEM_TIME)) or system_time
-    # Positional, in Record's field order: a third cheaper than keywords, once per record.
-    headers = visible_headers(row[HEADERS])
-    return Record(
-        item.key or "", row[VALUE] or b"", row[TS], rid, system_time, row[STREAM], False,
-        headers, item.data,
-    )  # fmt: skip
-
-
-def format_error(row: tuple, exc: FormatError) -> str:
-    """A dead letter's reason for a value its stream's format cannot read: stream, position
-    (topic or producer, partition or shard, offset or seq), format and cause."""
-    return (
-        f"value of stream {row[STREAM]!r} at {row[SOURCE]} partition {row[PARTITION]} "
-        f"offset {row[OFFSET]} {exc}"
-    )
-
-
-def decode_inputs(items: list[TaskInput], formats: Mapping[str, ValueFormat]) -> list[TaskInput]:
-    """Decode the values routing left undecoded (a router not given the formats); a value
-    that does not decode becomes an error item, dead-lettered like any bad input."""
-    if not formats:
-        return items
-    out: list[TaskInput] = []
-    for item in items:
-        fmt = formats.get(item.row[STREAM])
-        if fmt is None or item.decoded or item.error is not None:
-            out.append(item)
-            continue
-        try:
-            data = decode_with(fmt, item.row[VALUE] or b"")
-        except FormatError as exc:
-            out.append(dataclasses.replace(item, error=format_error(item.row, exc)))
-        else:
-            out.append(dataclasses.replace(item, data=data, decoded=True))
-    return out
-
-
-def _position(row: tuple) -> bytes:
-    """Where a delivery came from: tells a replayed batch from a duplicate the source sent."""
-    return f"{row[SOURCE]}:{row[PARTITION]}:{row[OFFSET]}".encode()
 
 
 def run_shard(
@@ -217,82 +147,6 @@ def _note_positions(result: ShardResult, items: list[TaskInput], internal: froze
             continue
         by_partition = result.consumed.setdefault(row[STREAM], {})
         by_partition[row[PARTITION]] = max(by_partition.get(row[PARTITION], 0), row[OFFSET] + 1)
-
-
-# A fresh record: its routed input, the record, the position it was delivered from and its
-# id's digest (what the catalog remembers of it, hashed once for the verdict and the write).
-# A record whose id is its Kafka position has neither (b""): the offset marks remember it.
-Fresh = tuple[TaskInput, Record, bytes, bytes]
-
-
-def dedup(
-    plan: BatchPlan, spec: ComputationSpec, store: ShardStore, items: list[TaskInput]
-) -> list[Fresh]:
-    """2. The records not applied before: those whose id is their Kafka position by the
-    shard's offset marks, the others (and those of a partition without a mark) by the Bloom
-    filter, then the catalog."""
-    records = [to_record(i, plan.internal_inputs) for i in items]
-    verdicts: list[Verdict | None] = [None] * len(records)
-    exactly_once = spec.options.exactly_once
-    runs = offset_runs(items, records)
-    if runs:
-        found = store.dedup_by_offset([run for _, run in runs], plan.gc_watermark)
-        indexes = [i for run_indexes, _ in runs for i in run_indexes]
-        for index, verdict in zip(indexes, found, strict=True):
-            if verdict is not None:
-                verdicts[index] = verdict if exactly_once else Verdict.NEW
-    rest = [i for i, v in enumerate(verdicts) if v is None]
-    positions = [b""] * len(records)
-    digests = [b""] * len(records)
-    for index in rest:
-        positions[index] = _position(items[index].row)
-        digests[index] = id_digest(records[index].id)
-    if exactly_once and rest:
-        looked_up = store.dedup(
-            [(records[i].id, records[i].system_time, positions[i]) for i in rest],
-            plan.gc_watermark,
-            [digests[i] for i in rest],
-        )
-        for index, verdict in zip(rest, looked_up, strict=True):
-            verdicts[index] = verdict
-    new = Verdict.NEW
-    return [
-        (i, r, p, d)
-        for i, r, p, d, v in zip(items, records, positions, digests, verdicts, strict=True)
-        if v is None or v is new
-    ]
-
-
-def offset_runs(items: list[TaskInput], records: list[Record]) -> list[tuple[list[int], Run]]:
-    """The records whose ids are their Kafka position (`record_ids.is_position`), one run per
-    stream and partition in offset order, with their indexes in `items`."""
-    by_partition: dict[tuple[Any, Any, Any], tuple[bytes | None, list[int], Run]] = {}
-    for index, (item, record) in enumerate(zip(items, records, strict=True)):
-        row = item.row
-        where = (row[STREAM], row[SOURCE], row[PARTITION])
-        entry = by_partition.get(where)
-        if entry is None:
-            prefix = partition_prefix(row[SOURCE], row[PARTITION])
-            entry = by_partition[where] = (prefix, [], (prefix or b"", [], [], []))
-        prefix = entry[0]
-        if prefix is None or not is_position(record.id, prefix, row[OFFSET]):
-            continue
-        entry[1].append(index)
-        _, offsets, keys, times = entry[2]
-        offsets.append(row[OFFSET])
-        keys.append(record.key)
-        times.append(record.system_time)
-    runs = []
-    for _, indexes, run in by_partition.values():
-        if not indexes:
-            continue
-        offsets = run[1]
-        if any(a > b for a, b in itertools.pairwise(offsets)):  # not sorted by the caller
-            order = sorted(range(len(offsets)), key=offsets.__getitem__)
-            indexes = [indexes[o] for o in order]
-            run = (run[0], *([column[o] for o in order] for column in run[1:]))  # type: ignore[assignment]
-        runs.append((indexes, run))
-    return runs
 
 
 def _after_records(timer: Timer, input_watermark: int) -> bool:

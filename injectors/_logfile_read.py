@@ -25,8 +25,8 @@ from millstream.injectors._logfile_lines import (
     record_id,
     strip_cr,
 )
+from millstream.injectors._logfile_offset import Position, split_key
 from millstream.injectors._logfile_parse import BadLine, Parser, parse_line
-from millstream.injectors._logfile_plan import Position, split_key
 from millstream.injectors.schema import INJECTED_SCHEMA
 
 ARROW_SCHEMA = to_arrow_schema(INJECTED_SCHEMA, timezone="UTC")

@@ -101,6 +101,7 @@ from pyspark.sql.types import StructType
 from millstream.errors import TransientError
 from millstream.injectors._logfile_directory import scan_directory
 from millstream.injectors._logfile_lines import NEWLINE, PROBE, last_line_end, strip_cr
+from millstream.injectors._logfile_offset import Position
 from millstream.injectors._logfile_options import OPTIONS as OPTIONS  # re-exported
 from millstream.injectors._logfile_options import SHORT_NAME, LogFileOptions
 from millstream.injectors._logfile_parse import (
@@ -108,12 +109,7 @@ from millstream.injectors._logfile_parse import (
     Parser,
     parse_line,
 )
-from millstream.injectors._logfile_plan import (
-    Budget,
-    Planner,
-    Position,
-    Rules,
-)
+from millstream.injectors._logfile_plan import Budget, Planner, Rules
 from millstream.injectors._logfile_read import SliceReader, slices
 from millstream.injectors._throttle_flag import ThrottleFlag
 from millstream.injectors.schema import INJECTED_SCHEMA
@@ -329,7 +325,7 @@ def publish_watermark(settings: LogFileOptions, wm: tuple[int, int]) -> None:
 
 
 def publish_counts(settings: LogFileOptions, counts: dict[str, int]) -> bool:
-    """What rotation did (`_logfile_plan.EVENTS`), for `millstream status`: the counts this
+    """What rotation did (`_logfile_offset.EVENTS`), for `millstream status`: the counts this
     checkpoint's positions carry, so a replayed or re-published batch sets the same values."""
     from millstream.state.client import connect
     from millstream.state.keys import INJECTOR_EVENTS, app_key

@@ -22,11 +22,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from millstream.connectors.formats import encode_with
+from millstream.connectors.fresh_records import to_record
 from millstream.connectors.key_runner import KeyRunner, rejected
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.routing import route as _route
 from millstream.connectors.serde import encode_value, serde_named
-from millstream.connectors.shard_task import to_record
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import ConfigurationError, MillstreamError
 from millstream.headers import production_headers

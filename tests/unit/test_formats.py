@@ -23,9 +23,9 @@ from millstream import (
 )
 from millstream.connectors.computation import Context as ContextClass
 from millstream.connectors.formats import FieldExtractor, decode_with, encode_with
+from millstream.connectors.fresh_records import decode_inputs, to_record
 from millstream.connectors.routing import route as _route
 from millstream.connectors.serde import JsonSerde
-from millstream.connectors.shard_task import decode_inputs, to_record
 
 CLICK = {
     "type": "record",

@@ -4,7 +4,7 @@ of the formula."""
 
 from __future__ import annotations
 
-from millstream.injectors import _kafka_read
+from millstream.injectors import _kafka_rows
 from millstream.injectors.record_ids import derived_id
 from millstream.injectors.schema import INJECTED_SCHEMA
 
@@ -28,8 +28,8 @@ class Message:
         return self._where[2]
 
 
-def _columns() -> _kafka_read._Columns:
-    cols = _kafka_read._Columns()
+def _columns() -> _kafka_rows.Columns:
+    cols = _kafka_rows.Columns()
     for offset in OFFSETS:
         cols.offsets.append(offset)
         cols.keys.append(b"k")
@@ -42,8 +42,8 @@ def _columns() -> _kafka_read._Columns:
 
 def test_every_reader_path_gives_derived_id() -> None:
     expected = [derived_id("orders", 3, offset) for offset in OFFSETS]
-    assert [_kafka_read._derived_id(Message("orders", 3, o)) for o in OFFSETS] == expected
-    rows = _kafka_read._to_rows(_columns(), "s", "orders", 3)
+    assert [_kafka_rows._derived_id(Message("orders", 3, o)) for o in OFFSETS] == expected
+    rows = _kafka_rows.to_rows(_columns(), "s", "orders", 3)
     assert [row[ID] for row in rows] == expected
-    batch = _kafka_read._to_batch(_columns(), "s", "orders", 3)
+    batch = _kafka_rows.to_batch(_columns(), "s", "orders", 3)
     assert batch.column("id").to_pylist() == expected

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from millstream.injectors._logfile_directory import rotated_name, scan_directory
+from millstream.injectors._logfile_offset import Position
 from millstream.injectors._logfile_parse import JsonLinesParser
 from millstream.injectors._logfile_plan import (
     Budget,
     Planner,
-    Position,
     Rules,
     event_watermark,
     is_finished,

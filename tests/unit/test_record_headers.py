@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from millstream.connectors.computation import Context
+from millstream.connectors.fresh_records import to_record
 from millstream.connectors.plan import TaskInput
 from millstream.connectors.serde import JsonSerde
 from millstream.connectors.settlement import handed_row as _handed_row
-from millstream.connectors.shard_task import to_record
 from millstream.headers import (
     HEADER_SYSTEM_TIME,
     encode_time,
