@@ -153,7 +153,9 @@ def offset_runs(items: list[TaskInput], records: list[Record]) -> list[tuple[lis
         entry[1].append(index)
         _, offsets, keys, times = entry[2]
         offsets.append(row[OFFSET])
-        keys.append(record.key)
+        # the key routing placed it by (`routing.route`; a row without one by its id), which
+        # a mark inherited from a rescale is qualified by
+        keys.append(item.key if item.key is not None else record.id.hex())
         times.append(record.system_time)
     runs = []
     for _, indexes, run in by_partition.values():

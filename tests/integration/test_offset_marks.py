@@ -11,16 +11,17 @@ import random
 from collections import Counter
 from typing import Any
 
-from millstream import Computation, Context, Record, Topology, kafka_source
+from millstream import Computation, Context, Record, Topology, json_field, kafka_source
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.routing import route
 from millstream.connectors.shard_task import run_shard
 from millstream.injectors.record_ids import derived_id
 from millstream.state.catalog import read_bucket
 from millstream.state.catalog_entries import ENTRY_BYTES
+from millstream.state.client import connect
 from millstream.state.keys import ShardKeys
 from millstream.state.rescale import move
-from millstream.state.shard import ShardConfig
+from millstream.state.shard import ShardConfig, acknowledge
 from millstream.state.shard_count import ShardLayout, record_layout
 from millstream.state.watermarks import Watermark
 
@@ -36,19 +37,21 @@ class Count(Computation):
 
 def _spec(app: str, shards: int, id_header: str | None = None) -> Any:
     topology = Topology(app).source("views", kafka_source(TOPIC, id_header=id_header))
-    topology.computation("count", Count(), inputs=["views"], shards=shards)
+    topology.computation("count", Count(), inputs={"views": json_field("k")}, shards=shards)
     return topology.computations["count"]
 
 
 def _rows(first: int, n: int, rng: random.Random, own_ids: bool = False) -> list[tuple]:
-    """`n` records per partition 0 and 1 from offset `first`, keys k0..k29."""
+    """`n` records per partition 0 and 1 from offset `first`, keys k0..k29 in JSON values;
+    one in ten not JSON (its key cannot be read: a dead letter, routed by its id)."""
     rows = []
     for partition in (0, 1):
         for offset in range(first, first + n):
-            key = f"k{rng.randrange(30)}".encode()
+            key = f"k{rng.randrange(30)}"
+            value = b"not json" if rng.random() < 0.1 else json.dumps({"k": key}).encode()
             rid = rng.randbytes(16) if own_ids else derived_id(TOPIC, partition, offset)
             ts = T0 + offset
-            rows.append(("views", rid, key, b"{}", ts, ts, TOPIC, partition, offset, None, None))
+            rows.append(("views", rid, None, value, ts, ts, TOPIC, partition, offset, None, None))
     return rows
 
 
@@ -72,9 +75,14 @@ def _run(
     for shard, item in route(dict(spec.inputs), layout.shards, iter(rows), spec.formats):
         by_shard.setdefault(shard, []).append(item)
     counters: Counter[str] = Counter()
+    client = connect(url)
     for shard, items in sorted(by_shard.items()):
         if only is None or shard in only:
-            counters.update(run_shard(plan, spec, shard, items).counters)
+            result = run_shard(plan, spec, shard, items)
+            counters.update(result.counters)
+            if result.lease is not None:  # dead letters: delivered and acknowledged, as the
+                keys = ShardKeys(app, "count", shard, layout.generation)  # driver would
+                acknowledge(client, keys, result.lease, result.outstanding, {})
     return counters
 
 
@@ -87,7 +95,16 @@ def _counts(client: Any, app: str, layout: ShardLayout) -> dict[str, int]:
 
 
 def _truth(*batches: list[tuple]) -> dict[str, int]:
-    return dict(Counter(row[2].decode() for rows in batches for row in rows))
+    good = [json.loads(r[3])["k"] for rows in batches for r in rows if r[3] != b"not json"]
+    return dict(Counter(good))
+
+
+def _dead_letters(client: Any, app: str, layout: ShardLayout) -> int:
+    return sum(int(client.hget(k.counters, "dead_letters") or 0) for k in layout.keys(app, "count"))
+
+
+def _bad(*batches: list[tuple]) -> int:
+    return sum(r[3] == b"not json" for rows in batches for r in rows)
 
 
 def _catalog_entries(client: Any, app: str, layout: ShardLayout) -> int:
@@ -152,6 +169,7 @@ def test_a_merge_after_a_batch_one_old_shard_had_not_committed_applies_it_once(
     replay = _run(redis_url, app, spec, merged, 3, three)  # Spark re-runs batch 3
     assert replay["replays"] == sum(1 for r in three if _shard(r, 2) == 0)
     assert _counts(redis_client, app, merged) == _truth(one, two, three)
+    assert _dead_letters(redis_client, app, merged) == _bad(one, two, three)  # each once
     four = _rows(240, 80, rng)
     _run(redis_url, app, spec, merged, 4, four)
     assert _counts(redis_client, app, merged) == _truth(one, two, three, four)
@@ -161,12 +179,16 @@ def test_a_merge_after_a_batch_one_old_shard_had_not_committed_applies_it_once(
     split = move(redis_client, app, "count", merged, 3)
     assert _run(redis_url, app, spec, split, 4, four)["replays"] == len(four)
     assert _counts(redis_client, app, split) == _truth(one, two, three, four)
+    assert _dead_letters(redis_client, app, split) == _bad(one, two, three, four)
 
 
 def _shard(row: tuple, shards: int) -> int:
+    """The shard routing gives the row (by its key, or by its id when it has none)."""
     from millstream.state.keys import shard_of
 
-    return shard_of(row[2].decode(), shards)
+    if row[3] == b"not json":
+        return shard_of(row[1].hex(), shards)
+    return shard_of(json.loads(row[3])["k"], shards)
 
 
 def test_the_marks_are_the_shards_own_keys(redis_namespace: str) -> None:
