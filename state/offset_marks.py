@@ -32,7 +32,11 @@ from dataclasses import dataclass, field
 from millstream.state.keys import shard_of
 
 Mark = tuple[int, int]  # (next offset, newest system time of the records that moved it)
-_QUALIFIER = b"/"  # field = prefix, or prefix + b"/" + b"<modulus>:<residue>" when inherited
+# A field is the partition's 8-byte id prefix, followed for an inherited mark by
+# b"/<modulus>:<residue>". The prefix is binary (a hash and the partition number) and may hold
+# any byte, b"/" included: fields are split by length, never by searching for the separator.
+PREFIX_BYTES = 8
+_QUALIFIER = b"/"
 
 
 def encode(mark: Mark) -> bytes:
@@ -51,10 +55,12 @@ def inherited_field(prefix: bytes, modulus: int, residue: int) -> bytes:
 
 def split_field(name: bytes) -> tuple[bytes, tuple[int, int] | None]:
     """A field's partition prefix and, for an inherited mark, its (modulus, residue)."""
-    prefix, _, qualifier = name.partition(_QUALIFIER)
-    if not qualifier:
+    prefix, rest = name[:PREFIX_BYTES], name[PREFIX_BYTES:]
+    if not rest:
         return prefix, None
-    modulus, residue = qualifier.decode().split(":")
+    if not rest.startswith(_QUALIFIER):
+        raise ValueError(f"offset mark field {name!r}: not an 8-byte prefix and a qualifier")
+    modulus, residue = rest[len(_QUALIFIER) :].decode().split(":")
     return prefix, (int(modulus), int(residue))
 
 

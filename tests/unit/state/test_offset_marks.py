@@ -94,3 +94,14 @@ def test_inherit_qualifies_own_marks_and_keeps_inherited_ones() -> None:
     }
     parsed = OffsetMarks.parse(got)
     assert parsed.own == {} and len(parsed.inherited[P]) == 2
+
+
+def test_a_prefix_holding_the_separator_byte_is_read_back() -> None:
+    # Partition 47 is b"/" in the prefix's last byte; the topic hash may hold it anywhere.
+    slash = id_prefix("events", 47)
+    assert slash.endswith(b"/")
+    stored = {slash: encode((9, T)), inherited_field(slash, 4, 1): encode((5, T))}
+    parsed = OffsetMarks.parse(stored)
+    assert parsed.own == {slash: (9, T)} and parsed.inherited == {slash: [(4, 1, (5, T))]}
+    got = inherit([(2, stored)], old_shards=4)
+    assert OffsetMarks.parse(got).inherited[slash] == [(4, 2, (9, T)), (4, 1, (5, T))]
