@@ -38,10 +38,13 @@ class Collector(Computation):
         ctx.set_state(state)
 
 
-def add_chain(topology: Topology, topic: str, collector: str = "collector") -> Topology:
-    """Source `input` (topic, ids in the `id` header) -> count -> relay -> `collector`."""
+def add_chain(
+    topology: Topology, topic: str, collector: str = "collector", id_header: str | None = "id"
+) -> Topology:
+    """Source `input` (topic, ids in the `id_header` header; None: each record's id is its
+    position, deduplicated by offset marks) -> count -> relay -> `collector`."""
     topology.source(
-        "input", kafka_source(topic, id_header="id"), max_out_of_order_ms=10_000
+        "input", kafka_source(topic, id_header=id_header), max_out_of_order_ms=10_000
     )  # fmt: skip
     by_k = json_field("k")
     topology.computation(

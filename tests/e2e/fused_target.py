@@ -4,7 +4,8 @@ one streaming query, fed by topics of their own so a test drives each alone.
 - windows (`tests/e2e/holds_target.py`, hold on): source `events` (FUSED_TARGET_WINDOWS_TOPIC)
   -> `windower` (1-second window counts, produced by low-watermark timers) -> `collector`;
 - chain (`tests/e2e/chain_target.py`): source `input` (FUSED_TARGET_CHAIN_TOPIC) -> `count` ->
-  `relay` -> `chain_collector`.
+  `relay` -> `chain_collector`. Its input has no id header: each record's id is its Kafka
+  position, so `count` deduplicates by offset marks (`state/offset_marks.py`), not the catalog.
 
 Each computation reads one branch's streams only, so its watermarks and hand-overs never wait
 for the other branch. Configured by the environment: those two topics and MILLSTREAM_APP.
@@ -25,4 +26,6 @@ def topology() -> Topology:
     windows = build(
         os.environ["MILLSTREAM_APP"], os.environ["FUSED_TARGET_WINDOWS_TOPIC"], hold=True
     )
-    return add_chain(windows, os.environ["FUSED_TARGET_CHAIN_TOPIC"], CHAIN_COLLECTOR)
+    return add_chain(
+        windows, os.environ["FUSED_TARGET_CHAIN_TOPIC"], CHAIN_COLLECTOR, id_header=None
+    )

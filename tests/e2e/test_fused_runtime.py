@@ -15,7 +15,8 @@ pipeline is started three times, from the same Spark checkpoints and Redis state
    chain fed, the pipeline is SIGKILLed in the middle of a three-stage batch: `relay` committed
    its input (handed over by `count` in the same batch) and `chain_collector` has not run
    (`fused_after_stage_relay`). Checked there: the mark, every process gone, `relay`'s
-   productions checkpointed.
+   productions checkpointed. The chain's input carries no id header: `count`'s records are
+   known by their Kafka position, and the re-run batch finds them below its offset marks.
 3. Restarted without a crash point, shard work in Spark tasks and a master that retries tasks
    (`local[2,2]`, no query restarts): `count`'s stranded checkpoints reach `relay` again
    (dropped as replays, counted once nothing is pending), `relay`'s reach `chain_collector`
@@ -235,6 +236,10 @@ def test_crashes_in_a_fused_batch_and_a_task_retry_apply_nothing_twice(
     # Chain: every event at every stage once.
     keys = Counter(key for _, key in chain)
     assert shard_states(redis_client, app, "count", CHAIN_SHARDS) == dict(keys)
+    # count's input ids are positions: the batch re-run after the crash was dropped by marks.
+    counted = committed_counters(redis_client, app, "count", CHAIN_SHARDS)
+    assert counted.get("records") == len(chain), counted
+    assert counted.get("offset_marked", 0) > 0 and counted.get("replays", 0) >= 1, counted
     states = shard_states(redis_client, app, CHAIN_COLLECTOR, CHAIN_SHARDS)
     assert all(s["again"] == [] for s in states.values()), "an event reached collector twice"
     assert {k: sorted(s["events"]) for k, s in states.items()} == {
