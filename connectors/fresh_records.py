@@ -105,22 +105,24 @@ def dedup(
     shard's offset marks, the others (and those of a partition without a mark) by the Bloom
     filter, then the catalog."""
     records = [to_record(i, plan.internal_inputs) for i in items]
+    if not spec.options.exactly_once:
+        # No dedup at all (docs/design.md section 4, step 2): no mark moved, no catalog entry.
+        return [(i, r, b"", b"") for i, r in zip(items, records, strict=True)]
     verdicts: list[Verdict | None] = [None] * len(records)
-    exactly_once = spec.options.exactly_once
     runs = offset_runs(items, records)
     if runs:
         found = store.dedup_by_offset([run for _, run in runs], plan.gc_watermark)
         indexes = [i for run_indexes, _ in runs for i in run_indexes]
         for index, verdict in zip(indexes, found, strict=True):
             if verdict is not None:
-                verdicts[index] = verdict if exactly_once else Verdict.NEW
+                verdicts[index] = verdict
     rest = [i for i, v in enumerate(verdicts) if v is None]
     positions = [b""] * len(records)
     digests = [b""] * len(records)
     for index in rest:
         positions[index] = _position(items[index].row)
         digests[index] = id_digest(records[index].id)
-    if exactly_once and rest:
+    if rest:
         looked_up = store.dedup(
             [(records[i].id, records[i].system_time, positions[i]) for i in rest],
             plan.gc_watermark,

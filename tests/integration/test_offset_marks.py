@@ -11,6 +11,8 @@ import random
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from millstream import Computation, Context, Record, Topology, json_field, kafka_source
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.routing import route
@@ -35,9 +37,12 @@ class Count(Computation):
         ctx.set_state(ctx.get_state(0) + 1)
 
 
-def _spec(app: str, shards: int, id_header: str | None = None) -> Any:
+def _spec(app: str, shards: int, id_header: str | None = None, exactly_once: bool = True) -> Any:
     topology = Topology(app).source("views", kafka_source(TOPIC, id_header=id_header))
-    topology.computation("count", Count(), inputs={"views": json_field("k")}, shards=shards)
+    topology.computation(
+        "count", Count(), inputs={"views": json_field("k")}, shards=shards,
+        exactly_once=exactly_once,
+    )  # fmt: skip
     return topology.computations["count"]
 
 
@@ -151,6 +156,26 @@ def test_ids_of_their_own_still_go_to_the_catalog(
     assert again["replays"] == 100 and again["offset_marked"] == 0
     assert _catalog_entries(redis_client, app, layout) == 100
     assert _counts(redis_client, app, layout) == _truth(rows)
+
+
+@pytest.mark.parametrize("id_header", [None, "event-id"])
+def test_without_exactly_once_nothing_is_deduplicated_or_remembered(
+    redis_url: str, redis_client: Any, redis_namespace: str, id_header: str | None
+) -> None:
+    """exactly_once=False: at least once, no dedup at all; a replay applies again, and no
+    catalog entry or offset mark is written for records nothing will look up."""
+    app, rng = redis_namespace, random.Random(4)
+    layout = ShardLayout(2, 0)
+    spec = _spec(app, 2, id_header=id_header, exactly_once=False)
+    rows = _rows(0, 60, rng, own_ids=id_header is not None)
+    first = _run(redis_url, app, spec, layout, 1, rows)
+    again = _run(redis_url, app, spec, layout, 1, rows)
+    for counters in (first, again):
+        assert counters.get("replays", 0) == 0 and counters.get("offset_marked", 0) == 0
+    doubled = {k: 2 * n for k, n in _truth(rows).items()}
+    assert _counts(redis_client, app, layout) == doubled
+    assert _catalog_entries(redis_client, app, layout) == 0
+    assert sum(redis_client.hlen(k.offset_marks) for k in layout.keys(app, "count")) == 0
 
 
 def test_a_merge_after_a_batch_one_old_shard_had_not_committed_applies_it_once(
