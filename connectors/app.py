@@ -313,6 +313,7 @@ class Application:
         for runner in self.runners.values():
             with contextlib.suppress(Exception):
                 runner.query.stop()
+            runner.finish()  # the last batch's deliveries, when they ran behind it
         release_sinks(self.topology.app)
         PROCESS_CACHE.drop_app(self.topology.app)
 

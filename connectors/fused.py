@@ -196,8 +196,16 @@ class FusedRunner:
 
     def close(self) -> None:
         """Release the delivery threads of a runner that will not run again (replaced or
-        removed at run time); its query is stopped by then."""
-        self.settlement.pool.shutdown(wait=False)
+        removed at run time), once its last batch's end is over; its query is stopped by then."""
+        self.settlement.shutdown()
+
+    def finish(self) -> None:
+        """Wait for the last batch's deliveries and acknowledgements (`overlap_delivery`), once
+        the query stopped: a stopped application has delivered what it committed."""
+        try:
+            self.settlement.wait_behind()
+        except Exception as exc:
+            log.warning("the last batch's delivery failed; the next start delivers it: %s", exc)
 
     def read_partitions(self) -> None:
         """Each topic input's partition count, from the broker's metadata: a topic created
@@ -278,6 +286,7 @@ class FusedRunner:
         input watermark, route, run its busy shards (acquire, dedup, fire timers, run records,
         commit: `shard_task.run_shard`), publish and hand over; then deliver and acknowledge
         (started at once for productions no computation here consumes)."""
+        self.settlement.wait_behind()  # the previous batch's end, when it ran behind
         self._hold_while_backlogged(batch_id)
         started = time.perf_counter()
         apply_rescales(self.client, self.topology.app, self.stages)  # between two batches
@@ -316,6 +325,28 @@ class FusedRunner:
         if done:
             # Consumers committed; nothing they consumed is acknowledged yet.
             fault_point("fused_after_consumers_commit")
+        end = functools.partial(
+            self._end_batch, batch_id, rows, phases, started, at_end, done, settling
+        )
+        if self.settings.overlap_delivery:
+            self.settlement.run_behind(end)  # while Spark commits this batch and plans the next
+        else:
+            end()
+        # After the commits, before Spark plans the next batch: a join's clicks pause there.
+        self.throttles.check(now_ms())
+
+    def _end_batch(
+        self,
+        batch_id: int,
+        rows: int,
+        phases: dict[str, float],
+        started: float,
+        at_end: dict[str, Watermark] | None,
+        done: list[Done],
+        settling: list[tuple[Done, Future[dict[str, int]]]],
+    ) -> None:
+        """Settle the batch (deliver outside, acknowledge), republish the watermarks that
+        counted its productions as in flight, record its metrics."""
         delivery_started = time.perf_counter()
         delivery = self.settlement.finish(done, settling)
         if (done or settling) and at_end is not None:
@@ -334,8 +365,6 @@ class FusedRunner:
             self.last_batch,
             time.perf_counter() - started,
         )
-        # After the commits, before Spark plans the next batch: a join's clicks pause there.
-        self.throttles.check(now_ms())
 
     def _run_stage(
         self,

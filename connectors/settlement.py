@@ -16,7 +16,7 @@ settlement did.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -89,6 +89,34 @@ class Settlement:
         self.client = client
         self.app = app
         self.pool = ThreadPoolExecutor(DELIVERY_THREADS, thread_name_prefix="millstream-deliver")
+        # A batch's end (settle, then record it) running behind it while Spark starts the
+        # next batch; the next one waits for it (`wait_behind`) before it does anything.
+        self._closer = ThreadPoolExecutor(1, thread_name_prefix="millstream-batch-end")
+        self._behind: Future[None] | None = None
+
+    def run_behind(self, end: Callable[[], None]) -> None:
+        """Run a batch's end in the background: its productions are checkpointed in Redis
+        already, so a crash before it finishes loses nothing (the next owner of each shard
+        delivers them again: MillWheel's strong productions)."""
+        self._behind = self._closer.submit(end)
+
+    def wait_behind(self) -> None:
+        """Wait for the previous batch's end; raise what it raised. Before the next batch
+        reads, counts its backlog or runs a shard: a shard task must not find the previous
+        batch's productions still pending (it would deliver them again)."""
+        behind, self._behind = self._behind, None
+        if behind is not None:
+            behind.result()
+
+    def shutdown(self) -> None:
+        """Let a running batch end finish (its deliveries and acknowledgements), then release
+        the threads; what it raised is logged (a next start delivers what it could not)."""
+        try:
+            self.wait_behind()
+        except Exception as exc:
+            log.warning("the last batch's delivery failed; its next start delivers it: %s", exc)
+        self._closer.shutdown(wait=True)
+        self.pool.shutdown(wait=False)
 
     def start(self, item: Done) -> Future[dict[str, int]]:
         return self.pool.submit(self.settle, item)

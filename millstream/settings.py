@@ -94,6 +94,12 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "off: Spark tasks read them and the rows are collected as Arrow.",
     ),
     (
+        "MILLSTREAM_OVERLAP_DELIVERY",
+        "on",
+        "on: a batch's deliveries and acknowledgements finish while Spark starts the next "
+        "batch, which waits for them before it runs; off: a batch ends when they did.",
+    ),
+    (
         "MILLSTREAM_QUERY_RESTARTS",
         "3",
         "Restarts of a failed query (from its checkpoint) within 10 minutes.",
@@ -283,6 +289,7 @@ class Settings:
     query_restarts: int = 3
     small_batch_rows: int = 2000
     driver_read: bool = True
+    overlap_delivery: bool = True
     embedded: str = "auto"
     state_dir: str = ".millstream"
     metrics_port: int | None = None
@@ -410,6 +417,10 @@ class Settings:
             ),
             driver_read=_parse(
                 env, "MILLSTREAM_DRIVER_READ", "on", _choice("on", "off"), "on or off"
+            )
+            == "on",
+            overlap_delivery=_parse(
+                env, "MILLSTREAM_OVERLAP_DELIVERY", "on", _choice("on", "off"), "on or off"
             )
             == "on",
             embedded=_parse(

@@ -87,14 +87,19 @@ def _counted(app: Application, client: Any, events: int) -> bool:
 
 
 def run_settings(settings: Settings, run_config: dict[str, Any]) -> Settings:
-    """The settings of one run of the series: its `driver_read` ("on"/"off") when it names one
-    (the throughput scenario's read-off variant), else the process's."""
-    read = run_config.get("driver_read")
-    if read is None:
-        return settings
-    if read not in ("on", "off"):
-        raise ValueError(f"driver_read must be on or off, not {read!r}")
-    return dataclasses.replace(settings, driver_read=read == "on")
+    """The settings of one run of the series: its `driver_read` and `overlap_delivery`
+    ("on"/"off") when it names them (the throughput scenario's variants), else the process's."""
+    for name in ("driver_read", "overlap_delivery"):
+        value = run_config.get(name)
+        if value is None:
+            continue
+        if value not in ("on", "off"):
+            raise ValueError(f"{name} must be on or off, not {value!r}")
+        if name == "driver_read":
+            settings = dataclasses.replace(settings, driver_read=value == "on")
+        else:
+            settings = dataclasses.replace(settings, overlap_delivery=value == "on")
+    return settings
 
 
 def main(argv: list[str]) -> int:

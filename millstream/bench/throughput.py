@@ -58,6 +58,7 @@ LIFTED = "millstream-eo-lifted"  # exactly-once, the window declaration lifted
 # id header): deduplicated by offset marks, no catalog entry per record. Quix Streams'
 # exactly-once keys on offsets too; the other rows read the workload's event-id header.
 LIFTED_OFFSETS = "millstream-eo-lifted-offset-ids"
+LIFTED_SERIAL = "millstream-eo-lifted-delivery-not-overlapped"
 REPEATS = 3  # each system's rate is the median of this many runs (1 with --quick)
 
 
@@ -111,6 +112,7 @@ class Variant:
     shards: int = 8
     driver_read: str | None = None  # MILLSTREAM_DRIVER_READ of this run; None: the process's
     offset_ids: bool = False  # ids derived from the Kafka position instead of the event-id header
+    overlap_delivery: str | None = None  # MILLSTREAM_OVERLAP_DELIVERY of this run; None: default
 
 
 def run_millstream(
@@ -147,6 +149,8 @@ def run_millstream(
         }
         if variant.driver_read is not None:
             config["driver_read"] = variant.driver_read
+        if variant.overlap_delivery is not None:
+            config["overlap_delivery"] = variant.overlap_delivery
         return config
 
     warm_events = 2 * batch_cap(events)
@@ -300,6 +304,7 @@ def run(bench: Bench) -> dict[str, Any]:
         Variant(WINDOW_OP, what="window_op"),
         Variant(LIFTED, what="window_lifted"),
         Variant(LIFTED_OFFSETS, what="window_lifted", offset_ids=True),
+        Variant(LIFTED_SERIAL, what="window_lifted", overlap_delivery="off"),
         Variant("millstream-no-eo", exactly_once=False),
     ]
     if bench.driver_read == "ab":
@@ -324,6 +329,7 @@ def run(bench: Bench) -> dict[str, Any]:
         "millstream_eo_lifted/quix": ratio(LIFTED, "quix"),
         "millstream_eo_lifted/millstream_eo": ratio(LIFTED, "millstream-eo"),
         "millstream_eo_lifted_offset_ids/quix": ratio(LIFTED_OFFSETS, "quix"),
+        "millstream_eo_lifted/delivery_not_overlapped": ratio(LIFTED, LIFTED_SERIAL),
     }
     if READ_OFF in by:
         ratios["millstream_eo_read_off/millstream_eo"] = ratio(READ_OFF, "millstream-eo")
