@@ -309,11 +309,11 @@ class Application:
 
     def stop(self) -> None:
         """Stop the queries, then release what the application built in this process: its
-        sinks' clients and producers, its shards' soft state."""
+        delivery threads, its sinks' clients and producers, its shards' soft state."""
         for runner in self.runners.values():
             with contextlib.suppress(Exception):
                 runner.query.stop()
-            runner.finish()  # the last batch's deliveries, when they ran behind it
+            runner.close()  # its last batch's deliveries first, then its threads
         release_sinks(self.topology.app)
         PROCESS_CACHE.drop_app(self.topology.app)
 

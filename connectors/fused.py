@@ -199,14 +199,6 @@ class FusedRunner:
         removed at run time), once its last batch's end is over; its query is stopped by then."""
         self.settlement.shutdown()
 
-    def finish(self) -> None:
-        """Wait for the last batch's deliveries and acknowledgements (`overlap_delivery`), once
-        the query stopped: a stopped application has delivered what it committed."""
-        try:
-            self.settlement.wait_behind()
-        except Exception as exc:
-            log.warning("the last batch's delivery failed; the next start delivers it: %s", exc)
-
     def read_partitions(self) -> None:
         """Each topic input's partition count, from the broker's metadata: a topic created
         beforehand may have more than the default, and records in flight in partitions the
