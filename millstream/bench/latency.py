@@ -4,19 +4,19 @@
   through the transactional Kafka sink; time from produce (the send time rides in the value)
   to the record being visible to a `read_committed` consumer, as computed live from the raw
   log and its transaction markers (`_marker_watch.py`; Tansu's own read_committed view can
-  stall, see there). Exactly-once on and off run as two computations of one millstream
-  pipeline, side by side on the same input, so both see the same machine load.
+  stall, see there). Exactly-once on and off run as two millstream pipelines, one after the
+  other, each one computation (as the floor is one query passing records through).
 - Spark's micro-batch floor: a plain Spark query on the same data source and trigger whose
   `foreachBatch` only notes when each record arrives (`plain_spark.py floor`).
 - Window latency: window end -> its count visible to a `read_committed` consumer, for the
   millstream WindowCounter (alone in its own pipeline process) and for Quix Streams
   (`quix_app.py`, exactly-once, commit interval = millstream's 200 ms trigger).
-- The two millstream pipeline processes (each application one fused query) run first, then
+- The three millstream pipeline processes (each application one fused query) run first, then
   the floor, then Quix. MILLSTREAM_IDLE_SLACK_MS is the default (`IDLE_SLACK_MS`), stated in
   the result: a caught-up partition's watermark is now minus it, a floor under millstream's
   window latency.
 
-With `--driver-read ab` the two millstream pipeline processes run twice, first with
+With `--driver-read ab` the three millstream pipeline processes run twice, first with
 MILLSTREAM_DRIVER_READ=off (result key `millstream_driver_read_off`), then on (`millstream`),
 at the same rates; both are reported, each part's p50 also as a ratio to the floor's.
 
@@ -246,38 +246,43 @@ def _pipeline(
 
 
 def run_millstream(bench: Bench, driver_read: str) -> dict[str, Any]:
-    """Pass-through with exactly-once on and off side by side in one process; the window
-    counter alone in another (as Quix runs alone); both with MILLSTREAM_DRIVER_READ set to
-    `driver_read`."""
-    collectors = {PARTS[0]: RecordLatency(), PARTS[1]: RecordLatency()}
-    records = _pipeline(
-        bench,
-        [(PARTS[0], "passthrough", True), (PARTS[1], "passthrough", False)],
-        dict(collectors),
-        driver_read,
-    )
+    """Three millstream pipeline processes, one after another, each one computation as the
+    floor's query is one pass-through: the pass-through with exactly-once on, the same with
+    it off, the window counter (as Quix runs alone); each with MILLSTREAM_DRIVER_READ set to
+    `driver_read`. (Until 2026-11-28 both pass-throughs ran in one process, so every batch
+    ran two computations against the floor's one.)"""
+    eo, no_eo = RecordLatency(), RecordLatency()
+    records = _pipeline(bench, [(PARTS[0], "passthrough", True)], {PARTS[0]: eo}, driver_read)
+    unguarded = _pipeline(bench, [(PARTS[1], "passthrough", False)], {PARTS[1]: no_eo}, driver_read)
     windows = WindowLatency()
     window = _pipeline(bench, [(PARTS[2], "window", True)], {PARTS[2]: windows}, driver_read)
     phases = [Phase(**p) for p in records["phases"]]
+    no_eo_phases = [Phase(**p) for p in unguarded["phases"]]
     window_phases = [Phase(**p) for p in window["phases"]]
     return {
         "driver_read": driver_read,
         "idle_slack_ms": IDLE_SLACK_MS,
         "phases": records["phases"],
+        "no_eo_phases": unguarded["phases"],
         "window_phases": window["phases"],
-        "record_eo": _summary(phases, collectors[PARTS[0]].samples, "holds_send"),
-        "record_no_eo": _summary(phases, collectors[PARTS[1]].samples, "holds_send"),
+        "record_eo": _summary(phases, eo.samples, "holds_send"),
+        "record_no_eo": _summary(no_eo_phases, no_eo.samples, "holds_send"),
         "window": _summary(window_phases, windows.samples(), "holds_window"),
-        "raw_record": {p: collectors[p].samples for p in PARTS[:2]},
+        "raw_record": {PARTS[0]: eo.samples, PARTS[1]: no_eo.samples},
         "raw_window": windows.samples(),
         "records_pipeline": records,
+        "records_no_eo_pipeline": unguarded,
         "window_pipeline": window,
         "peak_rss_mb": records["peak_rss_mb"],
+        "no_eo_peak_rss_mb": unguarded["peak_rss_mb"],
         "window_peak_rss_mb": window["peak_rss_mb"],
-        "query_restarts": records["query_restarts"] + window["query_restarts"],
-        "drained": records["drained"] and window["drained"],
+        "query_restarts": sum(p["query_restarts"] for p in (records, unguarded, window)),
+        "drained": records["drained"] and unguarded["drained"] and window["drained"],
         "sent": records["sent"],
-        "committed_reader_count": records["committed_reader_count"],
+        "committed_reader_count": {
+            **records["committed_reader_count"],
+            **unguarded["committed_reader_count"],
+        },
     }
 
 
@@ -445,15 +450,17 @@ def run(bench: Bench) -> dict[str, Any]:
         memory += (
             ("\n" if memory else "")
             + (f"driver read {mode}: " if len(mills) > 1 else "")
-            + f"peak RSS: pass-through pipeline (2 computations) {found['peak_rss_mb']} MB, "
+            + f"peak RSS: pass-through exactly-once {found['peak_rss_mb']} MB, "
+            f"exactly_once=False {found['no_eo_peak_rss_mb']} MB, "
             f"window counter {found['window_peak_rss_mb']} MB; query restarts "
             f"{found['query_restarts']}; sent {found['sent']} records; the marker-aware "
             f"read_committed reader sees {seen[PARTS[0]]} (exactly-once) and {seen[PARTS[1]]} "
             "(exactly_once=False) outputs"
             + ("" if found["drained"] else "; the pipeline had not caught up")
         )
-        for what in ("records_pipeline", "window_pipeline"):
-            memory += f"\n{what.split('_')[0]}: " + trigger_line(found[what]["spark"])
+        for what in ("records_pipeline", "records_no_eo_pipeline", "window_pipeline"):
+            label = what.removesuffix("_pipeline").replace("_", " ")
+            memory += f"\n{label}: " + trigger_line(found[what]["spark"])
     memory += (
         f"\npeak RSS: Spark floor {floor['peak_rss_mb']} MB, Quix {quix['peak_rss_mb']} MB; "
         f"query restarts: floor {floor['query_restarts']}"
@@ -464,11 +471,11 @@ def run(bench: Bench) -> dict[str, Any]:
     for rate in bench.rates:
         for mode, found in mills.items():
             read = f", read {mode}" if len(mills) > 1 else ""
-            inside = Phase(**next(p for p in found["phases"] if p["rate"] == rate))
-            for name, samples in (
-                ("millstream EO", found["raw_record"][PARTS[0]]),
-                ("millstream no EO", found["raw_record"][PARTS[1]]),
+            for name, samples, key in (
+                ("millstream EO", found["raw_record"][PARTS[0]], "phases"),
+                ("millstream no EO", found["raw_record"][PARTS[1]], "no_eo_phases"),
             ):
+                inside = Phase(**next(p for p in found[key] if p["rate"] == rate))
                 curves[f"record, {name}{read}, {rate:.0f}/s"] = [
                     lat / 1000 for sent, lat in samples if inside.holds_send(sent)
                 ]
