@@ -279,6 +279,7 @@ def run_millstream(bench: Bench, driver_read: str) -> dict[str, Any]:
         "query_restarts": sum(p["query_restarts"] for p in (records, unguarded, window)),
         "drained": records["drained"] and unguarded["drained"] and window["drained"],
         "sent": records["sent"],
+        "no_eo_sent": unguarded["sent"],
         "committed_reader_count": {
             **records["committed_reader_count"],
             **unguarded["committed_reader_count"],
@@ -453,9 +454,9 @@ def run(bench: Bench) -> dict[str, Any]:
             + f"peak RSS: pass-through exactly-once {found['peak_rss_mb']} MB, "
             f"exactly_once=False {found['no_eo_peak_rss_mb']} MB, "
             f"window counter {found['window_peak_rss_mb']} MB; query restarts "
-            f"{found['query_restarts']}; sent {found['sent']} records; the marker-aware "
-            f"read_committed reader sees {seen[PARTS[0]]} (exactly-once) and {seen[PARTS[1]]} "
-            "(exactly_once=False) outputs"
+            f"{found['query_restarts']}; the marker-aware read_committed reader sees "
+            f"{seen[PARTS[0]]} outputs of {found['sent']} records sent (exactly-once) and "
+            f"{seen[PARTS[1]]} of {found['no_eo_sent']} (exactly_once=False, its own run)"
             + ("" if found["drained"] else "; the pipeline had not caught up")
         )
         for what in ("records_pipeline", "records_no_eo_pipeline", "window_pipeline"):

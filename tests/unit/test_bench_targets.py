@@ -444,6 +444,7 @@ def test_the_scenarios_results_are_what_the_targets_read(
         "query_restarts": 0,
         "drained": True,
         "sent": 10,
+        "no_eo_sent": 10,
         "committed_reader_count": {lat.PARTS[0]: 10, lat.PARTS[1]: 10},
     }
     floor = {"phases": [phase], "record": _lat(0.9), "raw": [(3000, 900)]}
@@ -518,6 +519,7 @@ def test_driver_read_ab_reports_off_and_on_and_targets_carry_the_off_value(
             "query_restarts": 0,
             "drained": True,
             "sent": 10,
+            "no_eo_sent": 10,
             "committed_reader_count": {lat.PARTS[0]: 10, lat.PARTS[1]: 10},
         }
 
