@@ -37,29 +37,34 @@ from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from typing import Any
 
-import redis
-
 from millstream.connectors import driver_read
 from millstream.connectors.backpressure import hold_while_backlogged
 from millstream.connectors.batch_metrics import record_batch, stage_metrics
 from millstream.connectors.batch_watermarks import BatchWatermarks
 from millstream.connectors.delivery import warm_sinks
-from millstream.connectors.plan import BatchPlan, TaskInput
+from millstream.connectors.out_of_memory import run_while_redis_full
+from millstream.connectors.plan import BatchPlan
 from millstream.connectors.query_sources import source_options
 from millstream.connectors.replay_intake import ReplayIntake, replay_rows
 from millstream.connectors.rescaling import apply_rescales, take_layouts
-from millstream.connectors.routing import route
+from millstream.connectors.routing import route_stage
 from millstream.connectors.segments import MAIN
 from millstream.connectors.settlement import Done, Settlement, hand_over
 from millstream.connectors.shard_jobs import busy_shards, no_cyclic_gc, run_shards
-from millstream.connectors.stage_plan import PlanContext, Stage, plan_stages, topological_order
+from millstream.connectors.stage_plan import (
+    PlanContext,
+    Stage,
+    batch_plan,
+    plan_stages,
+    topological_order,
+)
 from millstream.connectors.targets import TOPIC_TIMEOUT_S, Endpoints, InternalStreamSink
 from millstream.connectors.throttle import Throttles
 from millstream.connectors.topology import Topology
-from millstream.errors import ConfigurationError, MillstreamError
+from millstream.errors import ConfigurationError
 from millstream.fault_points import fault_point
 from millstream.kafka_admin import check_topics
-from millstream.settings import Settings, mask_url
+from millstream.settings import Settings
 from millstream.state.client import connect
 from millstream.state.keys import app_key
 from millstream.state.shard import oldest_work
@@ -72,14 +77,6 @@ from millstream.state.watermarks import (
 )
 
 log = logging.getLogger(__name__)
-OOM_RETRY_SECONDS = 600  # how long a batch waits for Redis to accept writes again
-
-
-def redis_out_of_memory(exc: BaseException) -> bool:
-    """Redis refused a write at maxmemory: raised here, or in a Spark task (then only the
-    text of the worker's traceback reaches the driver)."""
-    text = str(exc)  # Redis says "OOM command not allowed when used memory > 'maxmemory'"
-    return isinstance(exc, redis.OutOfMemoryError) or "command not allowed when used memory" in text
 
 
 class FusedRunner:
@@ -109,9 +106,8 @@ class FusedRunner:
         self.order = topological_order(topology, names or list(topology.computations))
         self.client = connect(endpoints.redis_url)
         self.authority = WatermarkAuthority(self.client, topology.app)
-        self.stages: dict[str, Stage] = plan_stages(
-            PlanContext(topology, settings, endpoints), self.order
-        )
+        self.context = PlanContext(topology, settings, endpoints)
+        self.stages: dict[str, Stage] = plan_stages(self.context, self.order)
         take_layouts(self.client, topology.app, self.stages)
         self.watermarks = BatchWatermarks(
             topology,
@@ -230,35 +226,21 @@ class FusedRunner:
 
     # --- the per-batch protocol --------------------------------------------------------------
     def process_batch(self, batch_df: Any, batch_id: int) -> None:
-        """Run one micro-batch; while Redis is at maxmemory, say so and run it again (a refused
-        commit writes nothing and a re-run is a replay: shards that did commit see their records as
-        replays). Any other failure fails the query (Application.check restarts it)."""
-        deadline = time.monotonic() + OOM_RETRY_SECONDS
-        delay = 1.0
-        while True:
-            try:
-                with no_cyclic_gc():
-                    self._run_batch(batch_df, batch_id)
-                return
-            except Exception as exc:
-                if not redis_out_of_memory(exc):
-                    raise
-                message = (
-                    f"Redis at {mask_url(self.endpoints.redis_url)} is at maxmemory and refuses "
-                    f"writes (OOM command not allowed): application {self.topology.app!r} "
-                    f"cannot commit batch {batch_id}. Fix: raise Redis maxmemory (CONFIG SET "
-                    "maxmemory <bytes>, 0 for no limit) or free memory, and keep "
-                    "maxmemory-policy noeviction (evicting would lose state)."
-                )
-                if self.query is not None and not self.query.isActive:
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise MillstreamError(
-                        f"{message} Gave up after {OOM_RETRY_SECONDS} s; restart when fixed."
-                    ) from None
-                log.error("%s Retrying in %.0f s.", message, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        """Run one micro-batch; while Redis is at maxmemory, run it again
+        (`connectors/out_of_memory.py`). Any other failure fails the query (Application.check
+        restarts it)."""
+
+        def run() -> None:
+            with no_cyclic_gc():
+                self._run_batch(batch_df, batch_id)
+
+        run_while_redis_full(
+            run,
+            self.topology.app,
+            self.endpoints.redis_url,
+            batch_id,
+            lambda: self.query is None or self.query.isActive,
+        )
 
     def _hold_while_backlogged(self, batch_id: int) -> None:
         """Backpressure (`connectors/backpressure.py`), before the batch takes its input."""
@@ -384,7 +366,7 @@ class FusedRunner:
         plan = self._plan(stage, batch_id, input_wm, now, end_wm)
         route_started = time.perf_counter()
         extra = replay_rows(replayed, now, (end_wm or input_wm).event, stage.spec.inputs, name)
-        inputs = self._route(stage, by_stream, handed, extra)
+        inputs = route_stage(stage, by_stream, handed, extra)
         routed = time.perf_counter()
         event_wm = (end_wm or input_wm).event
         busy = busy_shards(self.client, self.topology.app, stage, inputs, event_wm, now)
@@ -412,42 +394,4 @@ class FusedRunner:
     ) -> BatchPlan:
         """What every shard task of this computation's part of the batch needs."""
         output_wm = self.authority.published(stage.name) or NONE_KNOWN
-        internal = frozenset(s for s in stage.spec.inputs if s not in self.topology.sources)
-        return BatchPlan(
-            app=self.topology.app,
-            batch_id=batch_id,
-            redis_url=self.endpoints.redis_url,
-            shards=stage.shards,
-            generation=stage.generation,
-            shard_config=stage.config,
-            input_watermark=input_wm,
-            gc_watermark=input_wm.system - self.settings.gc_slack_seconds * 1000,
-            now=now,
-            user_retries=self.settings.user_retries,
-            fail_stop=self.settings.on_user_error == "fail-stop",
-            internal_inputs=internal,
-            deliveries=stage.targets,
-            in_flight_streams=stage.elsewhere,
-            max_record_bytes=self.settings.max_record_bytes,
-            max_future_ms=self.settings.max_future_ms,
-            output_watermark=output_wm.event,
-            handed_streams=frozenset(stage.consumers),
-            end_watermark=end_wm,
-        )
-
-    def _route(
-        self,
-        stage: Stage,
-        by_stream: dict[str, list[tuple]],
-        handed: dict[str, list[tuple]],
-        replayed: Sequence[tuple] = (),
-    ) -> dict[int, list[TaskInput]]:
-        """Each input row's shard under this computation's key extractors, computed once."""
-        extractors = dict(stage.spec.inputs)
-        rows = [row for s in extractors for row in (*by_stream.get(s, ()), *handed.get(s, ()))]
-        rows += replayed
-        inputs: dict[int, list[TaskInput]] = {}
-        routed = route(extractors, stage.shards, iter(rows), stage.spec.formats)
-        for shard, item in routed:
-            inputs.setdefault(shard, []).append(item)
-        return inputs
+        return batch_plan(self.context, stage, batch_id, (input_wm, end_wm, output_wm), now)

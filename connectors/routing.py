@@ -5,13 +5,16 @@ Computed once per row on the driver (the fused runtime), and by TopologyTestDriv
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from millstream.connectors.formats import FieldExtractor, FormatError, ValueFormat, decode_with
 from millstream.connectors.fresh_records import format_error
 from millstream.connectors.key_runner import ERROR, ID, KEY, STREAM, VALUE
 from millstream.connectors.plan import TaskInput, shard_of
+
+if TYPE_CHECKING:
+    from millstream.connectors.stage_plan import Stage
 
 
 def route(
@@ -53,3 +56,21 @@ def route(
         else:
             item = TaskInput(key, values, None, data, decoded=fmt is not None)
             yield shard_of(key, shards), item
+
+
+def route_stage(
+    stage: Stage,
+    by_stream: Mapping[str, list[tuple]],
+    handed: Mapping[str, list[tuple]],
+    replayed: Sequence[tuple] = (),
+) -> dict[int, list[TaskInput]]:
+    """A computation's part of a batch by shard: its injected rows (`by_stream`), the
+    productions handed to it in this batch (`handed`) and its replayed dead letters, each
+    row's shard under its key extractors, computed once."""
+    extractors = dict(stage.spec.inputs)
+    rows = [row for s in extractors for row in (*by_stream.get(s, ()), *handed.get(s, ()))]
+    rows += replayed
+    inputs: dict[int, list[TaskInput]] = {}
+    for shard, item in route(extractors, stage.shards, iter(rows), stage.spec.formats):
+        inputs.setdefault(shard, []).append(item)
+    return inputs

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from millstream.connectors.delivery import Target
+from millstream.connectors.plan import BatchPlan
 from millstream.connectors.targets import Endpoints, InternalStreamSink, UserSink
 from millstream.connectors.topology import DEAD_LETTERS, ComputationSpec, Topology
 from millstream.errors import ConfigurationError
 from millstream.settings import Settings
 from millstream.state.keys import ShardKeys, app_key
 from millstream.state.shard import ShardConfig
+from millstream.state.watermarks import Watermark
 
 log = logging.getLogger(__name__)
 
@@ -214,3 +216,39 @@ def plan_stages(
     for step in passes:
         stages = step(stages, ctx)
     return {s.name: s for s in stages}
+
+
+def batch_plan(
+    ctx: PlanContext,
+    stage: Stage,
+    batch_id: int,
+    marks: tuple[Watermark, Watermark | None, Watermark],
+    now: int,
+) -> BatchPlan:
+    """What every shard task of `stage`'s part of a batch needs. `marks`: its input watermark,
+    the input watermark at the batch's end offsets (None when unknown) and its published
+    output watermark."""
+    input_wm, end_wm, output_wm = marks
+    settings = ctx.settings
+    internal = frozenset(s for s in stage.spec.inputs if s not in ctx.topology.sources)
+    return BatchPlan(
+        app=ctx.topology.app,
+        batch_id=batch_id,
+        redis_url=ctx.endpoints.redis_url,
+        shards=stage.shards,
+        generation=stage.generation,
+        shard_config=stage.config,
+        input_watermark=input_wm,
+        gc_watermark=input_wm.system - settings.gc_slack_seconds * 1000,
+        now=now,
+        user_retries=settings.user_retries,
+        fail_stop=settings.on_user_error == "fail-stop",
+        internal_inputs=internal,
+        deliveries=stage.targets,
+        in_flight_streams=stage.elsewhere,
+        max_record_bytes=settings.max_record_bytes,
+        max_future_ms=settings.max_future_ms,
+        output_watermark=output_wm.event,
+        handed_streams=frozenset(stage.consumers),
+        end_watermark=end_wm,
+    )

@@ -11,9 +11,9 @@ import json
 import pytest
 import redis
 
-from millstream.connectors.fused import redis_out_of_memory
 from millstream.connectors.key_runner import DEAD_LETTER_VALUE_BYTES, dead_letter
 from millstream.connectors.key_runner import rejected as _rejected
+from millstream.connectors.out_of_memory import redis_out_of_memory
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.topology import ComputationOptions, ComputationSpec
 from millstream.errors import ConfigurationError
