@@ -41,9 +41,9 @@ measured):
   then the Spark floor, then Quix. Watermarks: the three-stage pipeline with
   `MILLSTREAM_IDLE_SLACK_MS=500`.
 - Record latency: produce -> visible to a `read_committed` consumer (computed live from the
-  raw log and its transaction markers). The exactly-once and `exactly_once=False`
-  pass-throughs run as two computations of one pipeline process, side by side on the same
-  input; the window counter runs alone in another.
+  raw log and its transaction markers). The exactly-once pass-through, the same with
+  `exactly_once=False`, and the window counter run one after another, each alone in a
+  pipeline process of its own (as the Spark floor's query is one pass-through).
 - millstream closes a window when the low watermark passes its end; a caught-up Kafka partition
   is idle and its watermark is now - `MILLSTREAM_IDLE_SLACK_MS` (the default 2 s in the
   latency scenario, 0.5 s in the watermarks scenario), which bounds window latency from below.
