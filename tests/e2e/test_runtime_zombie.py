@@ -27,7 +27,7 @@ import pytest
 from millstream import Computation, Context, FencedError, Record, Topology, json_field
 from millstream.connectors.fused import FusedRunner
 from millstream.connectors.plan import TaskInput
-from millstream.connectors.routing import route
+from millstream.connectors.routing import route, route_stage
 from millstream.connectors.settlement import Done, hand_over
 from millstream.connectors.shard_task import run_shard
 from millstream.connectors.targets import Endpoints
@@ -187,7 +187,7 @@ def test_zombie_shard_attempt_is_fenced_and_applies_nothing(
         """Stage B of the batch: A's results handed over, routed, run, settled."""
         handed: dict[str, list[tuple]] = {}
         hand_over(stage, plan, results, handed)
-        inputs = runner._route(tally, {}, handed)
+        inputs = route_stage(tally, {}, handed)
         b_plan = runner._plan(tally, batch_id, NONE_KNOWN, now_ms())
         counters: Counter[str] = Counter()
         for shard, items in inputs.items():
