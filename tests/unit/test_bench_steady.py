@@ -127,3 +127,19 @@ def test_driver_read_reaches_the_pipeline_environment(
     assert run_settings(settings, {}) is settings
     assert run_settings(settings, {"driver_read": "off"}).driver_read is False
     assert run_settings(settings, {"driver_read": "on"}).driver_read is True
+
+
+def test_a_jvm_child_between_fork_and_exec_is_not_counted_twice() -> None:
+    from millstream.bench._harness import _counted
+
+    mb = 1 << 20
+    info = {
+        10: (1, 10, 150 * mb, "python3"),  # the driver
+        11: (10, 10, 558 * mb, "java"),
+        12: (11, 10, 558 * mb, "java"),  # forked by the JVM, not yet exec'd
+        13: (11, 10, 45 * mb, "python3"),  # the Python worker daemon it launched
+        14: (13, 10, 120 * mb, "python3"),  # a worker forked by the daemon: its own memory
+        15: (11, 10, 3 * mb, "jspawnhelper"),  # a small helper: counted
+    }
+    counted = {pid: rss // mb for _, pid, rss in _counted(info, set(info))}
+    assert counted == {10: 150, 11: 558, 13: 45, 14: 120, 15: 3}
