@@ -95,7 +95,7 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "MILLSTREAM_OVERLAP_DELIVERY",
-        "on",
+        "off",
         "on: a batch's deliveries and acknowledgements finish while Spark starts the next "
         "batch, which waits for them before it runs; off: a batch ends when they did.",
     ),
@@ -289,7 +289,7 @@ class Settings:
     query_restarts: int = 3
     small_batch_rows: int = 2000
     driver_read: bool = True
-    overlap_delivery: bool = True
+    overlap_delivery: bool = False
     embedded: str = "auto"
     state_dir: str = ".millstream"
     metrics_port: int | None = None
@@ -420,7 +420,7 @@ class Settings:
             )
             == "on",
             overlap_delivery=_parse(
-                env, "MILLSTREAM_OVERLAP_DELIVERY", "on", _choice("on", "off"), "on or off"
+                env, "MILLSTREAM_OVERLAP_DELIVERY", "off", _choice("on", "off"), "on or off"
             )
             == "on",
             embedded=_parse(
