@@ -184,10 +184,9 @@ def _counted(
     for pid in members:
         ppid, _, rss, comm = info[pid]
         kind = "java" if comm == "java" else "python" if comm.startswith("python") else "other"
-        parent = info.get(ppid)
+        parent = info[ppid] if ppid in members else None
         if (
             kind != "python"
-            and ppid in members
             and parent is not None
             and parent[3] == "java"
             and rss >= 0.9 * parent[2]

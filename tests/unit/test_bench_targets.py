@@ -636,7 +636,7 @@ def test_driver_read_ab_interleaves_a_read_off_throughput_variant(
         (tp.WINDOW_OP, None),
         (tp.LIFTED, None),
         (tp.LIFTED_OFFSETS, None),
-        (tp.LIFTED_SERIAL, None),
+        (tp.LIFTED_OVERLAPPED, None),
         ("millstream-no-eo", None),
         (tp.READ_OFF, "off"),
     ]
