@@ -149,8 +149,25 @@ def tree_rss_by_kind(root: int) -> dict[str, int]:
 def tree_rss_by_process(root: int) -> list[tuple[str, int, int]]:
     """(kind, pid, resident bytes) of each process of `root`'s session and its descendants,
     largest first; kind is java, python or other."""
+    info, _ = _proc_table()
+    members = _tree(info, root)
+    return sorted(_counted(info, members), key=lambda item: -item[2])
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user and system) spent so far by `root`'s session and its descendants,
+    the children they have reaped included: a Spark Python worker that exits between two
+    samples moves its time into its parent's, so a difference of two samples loses none."""
+    info, ticks = _proc_table()
+    return sum(ticks[pid] for pid in _tree(info, root)) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_table() -> tuple[dict[int, tuple[int, int, int, str]], dict[int, int]]:
+    """Every live process: pid -> (ppid, session, rss bytes, comm), and pid -> CPU clock ticks
+    (utime + stime + cutime + cstime)."""
     page = os.sysconf("SC_PAGE_SIZE")
-    info: dict[int, tuple[int, int, int, str]] = {}  # pid -> (ppid, session, rss, comm)
+    info: dict[int, tuple[int, int, int, str]] = {}
+    ticks: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -159,17 +176,23 @@ def tree_rss_by_process(root: int) -> list[tuple[str, int, int]]:
         except OSError:
             continue
         comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw.rsplit(")", 1)[1].split()
+        fields = raw.rsplit(")", 1)[1].split()  # fields[0] is the stat file's third field
         if fields[0] == "Z":
             continue
         info[int(entry)] = (int(fields[1]), int(fields[3]), int(fields[21]) * page, comm)
+        ticks[int(entry)] = sum(int(f) for f in fields[11:15])
+    return info, ticks
+
+
+def _tree(info: dict[int, tuple[int, int, int, str]], root: int) -> set[int]:
+    """`root`, the members of its session and every descendant of them, among live processes."""
     members = {pid for pid, (_, sid, _, _) in info.items() if sid == root} | {root}
     grew = True
     while grew:
         extra = {pid for pid, (ppid, _, _, _) in info.items() if ppid in members} - members
         members |= extra
         grew = bool(extra)
-    return sorted(_counted(info, members & info.keys()), key=lambda item: -item[2])
+    return members & info.keys()
 
 
 def _counted(
@@ -267,6 +290,10 @@ class Process:
             f"{kind} {pid}{' (driver)' if pid == driver else ''}": round(rss / 2**20, 1)
             for kind, pid, rss in found
         }
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the pipeline's process tree has spent so far (`tree_cpu_seconds`)."""
+        return tree_cpu_seconds(self.proc.pid) if self.proc is not None else 0.0
 
     @property
     def restarts(self) -> int:

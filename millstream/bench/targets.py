@@ -470,15 +470,32 @@ def _lifted_target(
         f"{None if hand is None else rate(hand)}; Quix Streams {quix}. Lifted, with the ids "
         f"the injector derives from each record's position (offset marks, no catalog entry "
         f"per record; the other rows read an event-id header): {offset_rate} events/s"
-        + ("." if offset_rate is None or not quix else f", {offset_rate / quix:.2f}x Quix."),
+        + ("." if offset_rate is None or not quix else f", {offset_rate / quix:.2f}x Quix.")
+        + _cpu_sentence(by),
         events_per_s=ours,
         offset_ids_events_per_s=offset_rate,
         unlifted_events_per_s=None if unlifted is None else rate(unlifted),
         hand_written_events_per_s=None if hand is None else rate(hand),
         quix_events_per_s=quix,
+        cpu_us_per_record=_cpu_per_record(by),
         profile=_profile(lifted),
     )
     return entry
+
+
+def _cpu_per_record(by: Mapping[Any, Mapping[str, Any]]) -> dict[str, float | None]:
+    """Row -> CPU microseconds its process tree spent per record (driver, JVM, Python workers;
+    Quix Streams' one process), over the span its rate was measured on."""
+    return {str(name): row.get("cpu_us_per_record") for name, row in by.items()}
+
+
+def _cpu_sentence(by: Mapping[Any, Mapping[str, Any]]) -> str:
+    known = {name: us for name, us in _cpu_per_record(by).items() if us is not None}
+    if not known:
+        return " Client CPU per record: not measured in this run."
+    return " Client CPU per record (the process tree, steady part of the median run): " + (
+        ", ".join(f"{name} {us:.1f} us" for name, us in known.items()) + "."
+    )
 
 
 # ------------------------------------------------------------------------------ memory

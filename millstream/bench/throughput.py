@@ -70,12 +70,15 @@ def batch_cap(events: int) -> int:
 def _follow(
     process: Process, progress: Any, done: Any, events: int, timeout: float, since: float
 ) -> dict[str, Any]:
-    """Sample `progress()` every 0.1 s; rate from the first progress until `done()`.
+    """Sample `progress()` every 0.1 s; rate from the first progress until `done()`, and the
+    CPU the process tree spent per record over the same span (issue #24's per-record cost of
+    each path: the driver, the JVM and the Python workers; not the broker's or Redis's).
 
     `since`: when this run began (process start, or the end of the previous run in it).
     """
     first_t: float | None = None
     first_n = 0
+    first_cpu = 0.0
     deadline = time.monotonic() + timeout
     while True:
         if time.monotonic() > deadline:
@@ -85,11 +88,12 @@ def _follow(
         n = progress()
         now = time.monotonic()
         if first_t is None and n > 0:
-            first_t, first_n = now, n
+            first_t, first_n, first_cpu = now, n, process.cpu_seconds()
         if done():
             break
         time.sleep(0.1)
     assert first_t is not None
+    cpu_s = process.cpu_seconds() - first_cpu
     steady_s = max(now - first_t, 1e-3)
     return {
         "events": events,
@@ -99,6 +103,11 @@ def _follow(
         "events_per_s": round((events - first_n) / steady_s, 1) if events > first_n else None,
         "wall_s": round(now - since, 2),
         "events_per_s_incl_startup": round(events / (now - since), 1),
+        "cpu_s": round(cpu_s, 2),
+        "cpu_us_per_record": round(cpu_s / (events - first_n) * 1e6, 1)
+        if events > first_n
+        else None,
+        "cores_busy": round(cpu_s / steady_s, 2),
     }
 
 
@@ -348,6 +357,8 @@ def run(bench: Bench) -> dict[str, Any]:
             "repeats",
             "startup s",
             "steady s",
+            "CPU us/record",
+            "cores busy",
             "peak RSS MB",
             "restarts",
         ],
@@ -361,6 +372,8 @@ def run(bench: Bench) -> dict[str, Any]:
                 " / ".join(f"{x:,.0f}" for x in r["repeats_events_per_s"] if x),
                 r["startup_s"],
                 r["steady_s"],
+                r.get("cpu_us_per_record"),
+                r.get("cores_busy"),
                 r["peak_rss_mb"],
                 r["query_restarts"],
             ]

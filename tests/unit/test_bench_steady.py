@@ -143,3 +143,40 @@ def test_a_jvm_child_between_fork_and_exec_is_not_counted_twice() -> None:
     }
     counted = {pid: rss // mb for _, pid, rss in _counted(info, set(info))}
     assert counted == {10: 150, 11: 558, 13: 45, 14: 120, 15: 3}
+
+
+def test_tree_cpu_keeps_the_time_of_a_child_that_exited() -> None:
+    """The per-record CPU of a throughput run is a difference of two samples of the pipeline's
+    process tree: a child that burned CPU and was reaped in between must still count."""
+    import subprocess
+    import sys
+
+    from millstream.bench._harness import tree_cpu_seconds
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "sys.stdin.readline()\n"
+            f"subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n"
+            "print('reaped', flush=True)\n"
+            "time.sleep(30)\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdin is not None and parent.stdout is not None
+        before = tree_cpu_seconds(parent.pid)
+        parent.stdin.write(b"go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline() == b"reaped\n"
+        after = tree_cpu_seconds(parent.pid)
+        assert after - before >= 0.35, (before, after)
+        assert tree_cpu_seconds(parent.pid) < after + 0.1  # the sleeping tree spends nothing
+    finally:
+        parent.kill()
+        parent.wait()

@@ -93,6 +93,7 @@ def throughput(
             "events_per_s": rate,
             "repeats_events_per_s": [rate, rate, rate],
             "peak_rss_mb": rss,
+            "cpu_us_per_record": None if rate is None else round(1e6 / rate, 1),
             "profile": {"window_counter": {"batches_seen": 10}},
             "spark": SPARK,
         }
@@ -225,6 +226,9 @@ def test_the_lifted_window_is_judged_against_twice_quix_with_the_other_paths_bes
     assert entry["unlifted_events_per_s"] == 18_000.0
     assert entry["hand_written_events_per_s"] == 20_000.0
     assert entry["offset_ids_events_per_s"] == 32_000.0 and "2.00x Quix" in entry["detail"]
+    assert entry["cpu_us_per_record"]["millstream-eo-lifted"] == 25.0
+    assert entry["cpu_us_per_record"]["quix"] == 62.5
+    assert "millstream-eo-lifted 25.0 us" in entry["detail"]
     (_, slow) = targets.throughput_targets(throughput(lifted=24_000.0, quix=16_000.0))
     assert slow["measured"] == 1.5 and slow["met"] is False
     assert "Missed by 0.5 x" in slow["detail"]
@@ -232,6 +236,11 @@ def test_the_lifted_window_is_judged_against_twice_quix_with_the_other_paths_bes
         {"runs": [r for r in throughput()["runs"] if r["system"] != "millstream-eo-lifted"]}
     )
     assert absent["measured"] is None and "no millstream-eo-lifted row" in absent["detail"]
+    unmeasured = throughput()
+    for r in unmeasured["runs"]:
+        r["cpu_us_per_record"] = None
+    (_, blind) = targets.throughput_targets(unmeasured)
+    assert "CPU per record: not measured" in blind["detail"]
 
 
 def test_peak_rss_is_judged_against_the_issues_figure_with_the_recorded_baseline() -> None:
