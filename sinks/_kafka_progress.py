@@ -8,10 +8,11 @@ proving at setup that the broker and its ACLs allow transactions.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -22,6 +23,8 @@ from millstream.kafka_errors import classify, kafka_error
 from millstream.sinks._kafka import Deadline
 from millstream.sinks._shard_producer import RETRY_PAUSE_S
 from millstream.sinks.base import ShardRef
+
+log = logging.getLogger(__name__)
 
 PROGRESS_PARTITION = 0
 NO_PROGRESS = -1
@@ -66,6 +69,40 @@ def fetch_progress(
         return seq, consumer.consumer_group_metadata()
     finally:
         consumer.close()
+
+
+def confirm_resumed_commit(
+    fetch: Callable[[str, Deadline], tuple[int, Any]],
+    txn_id: str,
+    top: Mapping[str, int],
+    deadline: Deadline,
+) -> None:
+    """Compare a resumed commit's reported success with the broker's progress offsets
+    (`fetch(stream, deadline)`, as `fetch_progress` answers).
+
+    On Apache Kafka they always agree. A broker that breaks the atomicity of a transaction
+    across a restart can disagree both ways (Tansu: committed records without the offset
+    commit, or an offset commit with aborted records), and then no client choice is right:
+    delivering again would double the records it did commit. So the sink keeps librdkafka's
+    answer, as its contract says, and logs the contradiction where an operator sees it.
+    """
+    for stream, seq in sorted(top.items()):
+        try:
+            committed, _ = fetch(stream, deadline)
+        except MillstreamError as exc:
+            log.warning("%s: progress not readable after a resumed commit: %s", txn_id, exc)
+            return
+        if committed < seq:
+            log.warning(
+                "%s: commit_transaction reported success after timing out, but the broker's "
+                "progress for stream %r shows seq %d, not %d: the broker did not apply the "
+                "transaction's offset commit with its records (a broker defect; its records "
+                "may be lost or, if delivered again, doubled)",
+                txn_id,
+                stream,
+                committed,
+                seq,
+            )
 
 
 def ensure_progress_topic(connection: Mapping[str, Any], name: str, timeout: float) -> None:

@@ -21,13 +21,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from millstream.errors import TransientError
+from millstream.errors import ConfigurationError, TransientError
 from millstream.kafka_errors import classify, is_fenced, kafka_error
 from millstream.sinks._kafka import Deadline, purge_quietly
 from millstream.sinks.base import ShardRef
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 RETRY_PAUSE_S = 0.1
 _STUCK_GRACE_S = 5.0
+_FLUSH_SLICE_S = 0.5
 
 
 class Fenced(Exception):
@@ -188,6 +189,35 @@ class ShardProducer:
         purge_quietly(self.producer)
         self.in_transaction = False
 
+    def await_acks(
+        self,
+        shard: ShardRef,
+        outcomes: Sequence[tuple[int, int] | KafkaError | None],
+        todo: Sequence[tuple[int, str]],
+        deadline: Deadline,
+    ) -> None:
+        """Wait until every record of the open transaction (`todo`: index into `outcomes`,
+        topic) is acknowledged; a failed record fails the transaction."""
+        while any(outcomes[i] is None for i, _ in todo):
+            if deadline.expired():
+                raise Abortable(
+                    KafkaError(KafkaError._TIMED_OUT, "records unacknowledged"),
+                    f"shard {shard}: waiting for acknowledgements",
+                )
+            self.call("flush", lambda: self.producer.flush(min(_FLUSH_SLICE_S, deadline.left())))
+        for i, topic in todo:
+            outcome = outcomes[i]
+            if not isinstance(outcome, KafkaError):
+                continue
+            what = f"delivering to {topic!r}"
+            if is_fenced(outcome) or outcome.fatal():
+                self.fail_with(outcome, what)
+            error = classify(outcome, f"{self.txn_id}: {what}")
+            if isinstance(error, ConfigurationError):
+                raise error
+            # Purged or timed-out records: abort. The abort itself reveals a fenced producer.
+            raise Abortable(outcome, f"{self.txn_id}: {what}")
+
     # ------------------------------------------------------------------------- calls
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -258,6 +288,41 @@ class ShardProducer:
         if err.txn_requires_abort() or err.retriable() or err.code() == KafkaError._TIMED_OUT:
             raise Abortable(err, f"{self.txn_id}: {what}")
         raise classify(err, f"{self.txn_id}: {what}")
+
+
+def init_shard_producer(
+    config: dict[str, Any],
+    shard: ShardRef,
+    deadline: Deadline,
+    forget: Callable[[ShardProducer], None] | None = None,
+) -> ShardProducer:
+    """A new producer for `config` (its transactional.id a shard's) after init_transactions,
+    which aborts the previous owner's open transaction and fences it. Retriable errors are
+    retried until `deadline`; a timeout names the usual cause (a coordinator that cannot
+    place its transaction log)."""
+    txn_id = str(config["transactional.id"])
+    producer = Producer(config)
+    state = ShardProducer(producer, txn_id, forget=forget)
+    while True:
+        try:
+            producer.init_transactions(max(0.1, deadline.left()))
+            return state
+        except KafkaException as exc:
+            err = kafka_error(exc)
+            if err is not None and err.retriable() and not deadline.expired():
+                time.sleep(RETRY_PAUSE_S)
+                continue
+            state.close()
+            if err is None:
+                raise
+            if err.code() == KafkaError._TIMED_OUT:
+                raise TransientError(
+                    f"shard {shard}: init_transactions for {txn_id!r} timed out after "
+                    f"{deadline.seconds:.0f}s: the transaction coordinator is unavailable (on a "
+                    "single-broker Kafka set transaction.state.log.replication.factor=1 and "
+                    "transaction.state.log.min.isr=1)"
+                ) from None
+            raise classify(err, f"shard {shard}: init_transactions") from None
 
 
 class ShardProducers:

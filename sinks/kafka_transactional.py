@@ -41,16 +41,14 @@ from typing import Any, Self
 
 from confluent_kafka import (
     KafkaError,
-    KafkaException,
     Message,
-    Producer,
     TopicPartition,
 )
 
 from millstream.errors import ConfigurationError, MillstreamError, TransientError
 from millstream.fault_points import fault_point
 from millstream.kafka_admin import check_topics
-from millstream.kafka_errors import classify, is_fenced, kafka_error
+from millstream.kafka_errors import classify
 from millstream.records import Production
 from millstream.sinks._kafka import (
     Deadline,
@@ -66,6 +64,7 @@ from millstream.sinks._kafka_progress import (
     PROGRESS_PARTITION as _PROGRESS_PARTITION,
 )
 from millstream.sinks._kafka_progress import (
+    confirm_resumed_commit,
     ensure_progress_topic,
     fetch_progress,
     probe_transactions,
@@ -79,6 +78,7 @@ from millstream.sinks._shard_producer import (
     Fenced,
     ShardProducer,
     ShardProducers,
+    init_shard_producer,
 )
 from millstream.sinks.base import (
     SKIPPED_DELIVERED,
@@ -91,7 +91,6 @@ from millstream.sinks.base import (
 log = logging.getLogger(__name__)
 
 PROGRESS_TOPIC = "__millstream_progress"
-_FLUSH_SLICE_S = 0.5
 
 
 def transactional_id(shard: ShardRef) -> str:
@@ -311,7 +310,7 @@ class KafkaTransactionalSink(Sink):
                     failed=functools.partial(state.fail, what=f"producing to {topic!r}"),
                     poll_failed=functools.partial(state.fail, what="poll"),
                 )
-            self._await(state, shard, outcomes, todo, deadline)
+            state.await_acks(shard, outcomes, [(i, t) for i, t, _ in todo], deadline)
             self._before_commit(shard)
             top: dict[str, int] = {}
             for _, _, production in todo:
@@ -334,35 +333,6 @@ class KafkaTransactionalSink(Sink):
     def _before_commit(self, shard: ShardRef) -> None:
         """Fault-injection point for tests: records are acknowledged, progress not yet sent."""
         fault_point("before_kafka_commit")  # a no-op unless a test installed a hook
-
-    def _await(
-        self,
-        state: ShardProducer,
-        shard: ShardRef,
-        outcomes: list[tuple[int, int] | KafkaError | None],
-        todo: list[tuple[int, str, Production]],
-        deadline: Deadline,
-    ) -> None:
-        """Wait until every record is acknowledged; a failed record fails the transaction."""
-        while any(outcomes[i] is None for i, _, _ in todo):
-            if deadline.expired():
-                raise Abortable(
-                    KafkaError(KafkaError._TIMED_OUT, "records unacknowledged"),
-                    f"shard {shard}: waiting for acknowledgements",
-                )
-            state.call("flush", lambda: state.producer.flush(min(_FLUSH_SLICE_S, deadline.left())))
-        for i, topic, _ in todo:
-            outcome = outcomes[i]
-            if not isinstance(outcome, KafkaError):
-                continue
-            what = f"delivering to {topic!r}"
-            if is_fenced(outcome) or outcome.fatal():
-                state.fail_with(outcome, what)
-            error = classify(outcome, f"{state.txn_id}: {what}")
-            if isinstance(error, ConfigurationError):
-                raise error
-            # Purged or timed-out records: abort. The abort itself reveals a fenced producer.
-            raise Abortable(outcome, f"{state.txn_id}: {what}")
 
     def _send_progress(
         self,
@@ -394,31 +364,12 @@ class KafkaTransactionalSink(Sink):
     def _init(self, shard: ShardRef, deadline: Deadline) -> ShardProducer:
         """Create the shard's producer and init_transactions: aborts the previous owner's
         open transaction and fences it. Progress must be read after this, never before."""
-        txn_id = transactional_id(shard)
-        producer = Producer({**self._kafka.producer, "transactional.id": txn_id})
-        state = ShardProducer(
-            producer, txn_id, forget=functools.partial(_SHARDS.forget, self._kafka.cache_key)
+        state = init_shard_producer(
+            {**self._kafka.producer, "transactional.id": transactional_id(shard)},
+            shard,
+            deadline,
+            forget=functools.partial(_SHARDS.forget, self._kafka.cache_key),
         )
-        while True:
-            try:
-                producer.init_transactions(max(0.1, deadline.left()))
-                break
-            except KafkaException as exc:
-                err = kafka_error(exc)
-                if err is not None and err.retriable() and not deadline.expired():
-                    time.sleep(RETRY_PAUSE_S)
-                    continue
-                state.close()
-                if err is None:
-                    raise
-                if err.code() == KafkaError._TIMED_OUT:
-                    raise TransientError(
-                        f"shard {shard}: init_transactions for {txn_id!r} timed out after "
-                        f"{self._timeout:.0f}s: the transaction coordinator is unavailable (on a "
-                        "single-broker Kafka set transaction.state.log.replication.factor=1 and "
-                        "transaction.state.log.min.isr=1)"
-                    ) from None
-                raise classify(err, f"shard {shard}: init_transactions") from None
         for old in _SHARDS.put(self._kafka.cache_key, state, self._cap):
             old.close()
         return state
@@ -445,33 +396,10 @@ class KafkaTransactionalSink(Sink):
     def _confirm(
         self, state: ShardProducer, shard: ShardRef, top: dict[str, int], deadline: Deadline
     ) -> None:
-        """Compare a resumed commit's reported success with the broker's progress offsets.
-
-        On Apache Kafka they always agree. A broker that breaks the atomicity of a transaction
-        across a restart can disagree both ways (Tansu: committed records without the offset
-        commit, or an offset commit with aborted records), and then no client choice is right:
-        delivering again would double the records it did commit. So the sink keeps librdkafka's
-        answer, as its contract says, and logs the contradiction where an operator sees it.
-        """
-        for stream, seq in sorted(top.items()):
-            try:
-                committed, _ = self._fetch_progress(shard, stream, deadline)
-            except MillstreamError as exc:
-                log.warning(
-                    "%s: progress not readable after a resumed commit: %s", state.txn_id, exc
-                )
-                return
-            if committed < seq:
-                log.warning(
-                    "%s: commit_transaction reported success after timing out, but the broker's "
-                    "progress for stream %r shows seq %d, not %d: the broker did not apply the "
-                    "transaction's offset commit with its records (a broker defect; its records "
-                    "may be lost or, if delivered again, doubled)",
-                    state.txn_id,
-                    stream,
-                    committed,
-                    seq,
-                )
+        """Compare a resumed commit's reported success with the broker's progress offsets."""
+        confirm_resumed_commit(
+            functools.partial(self._fetch_progress, shard), state.txn_id, top, deadline
+        )
 
     def _fetch_progress(self, shard: ShardRef, stream: str, deadline: Deadline) -> tuple[int, Any]:
         """(highest committed seq, consumer group metadata) of (shard, stream) on the broker."""
