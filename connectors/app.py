@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from millstream.connectors import memory
 from millstream.connectors.delivery import release_sinks
 from millstream.connectors.driver_read import local_folder
 from millstream.connectors.fused import FusedRunner
@@ -56,6 +57,7 @@ def spark_session(settings: Settings, app_name: str) -> Any:
     from millstream.embedded import check_java
 
     check_java()
+    memory.cap_arenas()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

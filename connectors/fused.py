@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from typing import Any
 
-from millstream.connectors import driver_read
+from millstream.connectors import driver_read, memory
 from millstream.connectors.backpressure import hold_while_backlogged
 from millstream.connectors.batch_metrics import record_batch, stage_metrics
 from millstream.connectors.batch_watermarks import BatchWatermarks
@@ -241,6 +241,7 @@ class FusedRunner:
             batch_id,
             lambda: self.query is None or self.query.isActive,
         )
+        memory.trim()  # the batch's rows and payloads are freed: give their pages back
 
     def _hold_while_backlogged(self, batch_id: int) -> None:
         """Backpressure (`connectors/backpressure.py`), before the batch takes its input."""

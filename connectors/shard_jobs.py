@@ -18,6 +18,7 @@ import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from millstream.connectors import memory
 from millstream.connectors.formats import AvroFormat
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.shard_task import STREAM, ShardResult, run_shard
@@ -86,6 +87,7 @@ def _fused_task(
             for payload in payloads
             for shard, items in pickle.loads(payload)
         ]
+    memory.trim()  # the task's rows are freed; the worker lives on for the next batch's tasks
     yield from results
 
 
