@@ -79,7 +79,7 @@ def spark_session(settings: Settings, app_name: str) -> Any:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
-        .config("spark.driver.memory", "1g")
+        .config("spark.driver.memory", settings.spark_driver_memory)
         # A Python worker on a saturated machine may take longer than the default 15 s to
         # connect back to the JVM; that failed whole queries under load. Wait longer.
         .config("spark.python.authenticate.socketTimeout", "60s")

@@ -36,6 +36,12 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ),
     ("MILLSTREAM_SPARK_MASTER", "local[2]", "Spark master URL."),
     (
+        "MILLSTREAM_SPARK_DRIVER_MEMORY",
+        "1g",
+        "Heap of Spark's driver JVM (spark.driver.memory: 512m or more, e.g. 768m, 2g); in "
+        "local mode the executors share it.",
+    ),
+    (
         "MILLSTREAM_CHECKPOINT_DIR",
         ".millstream/checkpoints",
         "Spark streaming checkpoints. A local folder's checkpoint files are renamed through "
@@ -220,6 +226,19 @@ def _host(raw: str) -> str:
         return raw
 
 
+_JVM_SIZE = re.compile(r"^([0-9]+)([kmgt])$")
+_MIB_PER = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def _jvm_memory(raw: str) -> str:
+    """A JVM size Spark takes (digits and k/m/g/t), at least 512 MiB: below about 450 MiB
+    Spark's memory manager refuses to start, with an error that does not name the setting."""
+    found = _JVM_SIZE.match(raw.lower())
+    if found is None or int(found.group(1)) * _MIB_PER[found.group(2)] < 512:
+        raise ValueError(raw)
+    return raw.lower()
+
+
 def _fraction(raw: str) -> float:
     value = float(raw)
     if not 0.0 < value < 0.5:
@@ -272,6 +291,7 @@ class Settings:
     redis_url: str | None = None
     app: str = DEFAULT_APP
     spark_master: str = "local[2]"
+    spark_driver_memory: str = "1g"
     checkpoint_dir: str = ".millstream/checkpoints"
     shards: int = 8
     trigger_ms: int = 200
@@ -335,6 +355,13 @@ class Settings:
             redis_url=validate_redis_url(redis_url) if redis_url else None,
             app=app,
             spark_master=env.get("MILLSTREAM_SPARK_MASTER", "local[2]"),
+            spark_driver_memory=_parse(
+                env,
+                "MILLSTREAM_SPARK_DRIVER_MEMORY",
+                "1g",
+                _jvm_memory,
+                "a size of 512m or more, as Spark writes it (768m, 1g, 2g)",
+            ),
             checkpoint_dir=env.get("MILLSTREAM_CHECKPOINT_DIR", ".millstream/checkpoints"),
             shards=_parse(
                 env, "MILLSTREAM_SHARDS", "8", _bounded_int(1, 4096), "an integer 1-4096"

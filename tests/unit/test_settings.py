@@ -123,3 +123,14 @@ def test_bad_url_message_does_not_leak_the_password() -> None:
 def test_mask_url_leaves_urls_without_password_alone() -> None:
     assert mask_url("redis://localhost:6379/0") == "redis://localhost:6379/0"
     assert mask_url(None) is None
+
+
+def test_spark_driver_memory_is_a_jvm_size_of_512m_or_more() -> None:
+    assert Settings.from_env({}).spark_driver_memory == "1g"
+    assert Settings.from_env({"MILLSTREAM_SPARK_DRIVER_MEMORY": "768M"}).spark_driver_memory == (
+        "768m"
+    )
+    assert Settings.from_env({"MILLSTREAM_SPARK_DRIVER_MEMORY": "2g"}).spark_driver_memory == "2g"
+    for bad in ("256m", "1.5g", "lots", "1024", "1gb"):
+        with pytest.raises(ConfigurationError, match=r"MILLSTREAM_SPARK_DRIVER_MEMORY.*512m"):
+            Settings.from_env({"MILLSTREAM_SPARK_DRIVER_MEMORY": bad})
