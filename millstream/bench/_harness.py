@@ -150,7 +150,7 @@ def tree_rss_by_process(root: int) -> list[tuple[str, int, int]]:
     """(kind, pid, resident bytes) of each process of `root`'s session and its descendants,
     largest first; kind is java, python or other."""
     info, _ = _proc_table()
-    members = _tree(info, root)
+    members = {pid for pid in _tree(info, root) if info[pid][2] > 0}  # zombies hold none
     return sorted(_counted(info, members), key=lambda item: -item[2])
 
 
@@ -177,9 +177,9 @@ def _proc_table() -> tuple[dict[int, tuple[int, int, int, str]], dict[int, int]]
             continue
         comm = raw[raw.index("(") + 1 : raw.rindex(")")]
         fields = raw.rsplit(")", 1)[1].split()  # fields[0] is the stat file's third field
-        if fields[0] == "Z":
-            continue
-        info[int(entry)] = (int(fields[1]), int(fields[3]), int(fields[21]) * page, comm)
+        # A zombie holds no memory, but its CPU until its parent reaps it (then the parent's).
+        rss = 0 if fields[0] == "Z" else int(fields[21]) * page
+        info[int(entry)] = (int(fields[1]), int(fields[3]), rss, comm)
         ticks[int(entry)] = sum(int(f) for f in fields[11:15])
     return info, ticks
 

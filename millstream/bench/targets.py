@@ -490,6 +490,7 @@ def _cpu_per_record(by: Mapping[Any, Mapping[str, Any]]) -> dict[str, float | No
 
 
 def _cpu_sentence(by: Mapping[Any, Mapping[str, Any]]) -> str:
+    """The detail's sentence naming each path's CPU per record (or saying none was measured)."""
     known = {name: us for name, us in _cpu_per_record(by).items() if us is not None}
     if not known:
         return " Client CPU per record: not measured in this run."

@@ -94,6 +94,7 @@ def _follow(
         time.sleep(0.1)
     assert first_t is not None
     cpu_s = process.cpu_seconds() - first_cpu
+    known = cpu_s >= 0  # below 0 only if the tree's root went away between the samples
     steady_s = max(now - first_t, 1e-3)
     return {
         "events": events,
@@ -103,11 +104,11 @@ def _follow(
         "events_per_s": round((events - first_n) / steady_s, 1) if events > first_n else None,
         "wall_s": round(now - since, 2),
         "events_per_s_incl_startup": round(events / (now - since), 1),
-        "cpu_s": round(cpu_s, 2),
-        "cpu_us_per_record": round(cpu_s / (events - first_n) * 1e6, 1)
-        if events > first_n
-        else None,
-        "cores_busy": round(cpu_s / steady_s, 2),
+        "cpu_s": round(cpu_s, 2) if known else None,
+        "cpu_us_per_record": (
+            round(cpu_s / (events - first_n) * 1e6, 1) if known and events > first_n else None
+        ),
+        "cores_busy": round(cpu_s / steady_s, 2) if known else None,
     }
 
 

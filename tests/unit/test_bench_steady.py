@@ -148,6 +148,7 @@ def test_a_jvm_child_between_fork_and_exec_is_not_counted_twice() -> None:
 def test_tree_cpu_keeps_the_time_of_a_child_that_exited() -> None:
     """The per-record CPU of a throughput run is a difference of two samples of the pipeline's
     process tree: a child that burned CPU and was reaped in between must still count."""
+    import select
     import subprocess
     import sys
 
@@ -173,6 +174,8 @@ def test_tree_cpu_keeps_the_time_of_a_child_that_exited() -> None:
         before = tree_cpu_seconds(parent.pid)
         parent.stdin.write(b"go\n")
         parent.stdin.flush()
+        ready, _, _ = select.select([parent.stdout], [], [], 60)
+        assert ready, "the child did not burn and exit within 60 s"
         assert parent.stdout.readline() == b"reaped\n"
         after = tree_cpu_seconds(parent.pid)
         assert after - before >= 0.35, (before, after)
