@@ -24,7 +24,8 @@ from millstream.sinks._kafka import Deadline
 from millstream.sinks._shard_producer import RETRY_PAUSE_S
 from millstream.sinks.base import ShardRef
 
-log = logging.getLogger(__name__)
+# The sink's own logger: its resumed-commit warnings keep the name operators filter them by.
+log = logging.getLogger("millstream.sinks.kafka_transactional")
 
 PROGRESS_PARTITION = 0
 NO_PROGRESS = -1

@@ -193,19 +193,19 @@ class ShardProducer:
         self,
         shard: ShardRef,
         outcomes: Sequence[tuple[int, int] | KafkaError | None],
-        todo: Sequence[tuple[int, str]],
+        todo: Sequence[tuple[int, str, Any]],
         deadline: Deadline,
     ) -> None:
         """Wait until every record of the open transaction (`todo`: index into `outcomes`,
-        topic) is acknowledged; a failed record fails the transaction."""
-        while any(outcomes[i] is None for i, _ in todo):
+        topic, production) is acknowledged; a failed record fails the transaction."""
+        while any(outcomes[i] is None for i, _, _ in todo):
             if deadline.expired():
                 raise Abortable(
                     KafkaError(KafkaError._TIMED_OUT, "records unacknowledged"),
                     f"shard {shard}: waiting for acknowledgements",
                 )
             self.call("flush", lambda: self.producer.flush(min(_FLUSH_SLICE_S, deadline.left())))
-        for i, topic in todo:
+        for i, topic, _ in todo:
             outcome = outcomes[i]
             if not isinstance(outcome, KafkaError):
                 continue

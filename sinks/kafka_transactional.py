@@ -310,7 +310,7 @@ class KafkaTransactionalSink(Sink):
                     failed=functools.partial(state.fail, what=f"producing to {topic!r}"),
                     poll_failed=functools.partial(state.fail, what="poll"),
                 )
-            state.await_acks(shard, outcomes, [(i, t) for i, t, _ in todo], deadline)
+            state.await_acks(shard, outcomes, todo, deadline)
             self._before_commit(shard)
             top: dict[str, int] = {}
             for _, _, production in todo:

@@ -15,10 +15,10 @@ pytestmark = pytest.mark.skipif(memory._glibc() is None, reason="glibc only")
 # A batch's worth of rows: 1 KB values (malloc, not Python's small-object arenas), one in a
 # hundred kept as a later batch would keep a few, which pins glibc's heap top.
 _CHILD = """
-import sys
-from millstream.connectors import memory
-
 import os
+import sys
+
+from millstream.connectors import memory
 
 def rss_mb():
     with open("/proc/self/statm") as f:
