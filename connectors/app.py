@@ -8,15 +8,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from millstream.connectors import memory
+from millstream.connectors import memory, python_workers
 from millstream.connectors.delivery import release_sinks
 from millstream.connectors.driver_read import local_folder
 from millstream.connectors.fused import FusedRunner
@@ -58,8 +58,7 @@ def spark_session(settings: Settings, app_name: str) -> Any:
 
     check_java()
     memory.cap_arenas()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    python_workers.default_worker_python(Path(settings.state_dir) / "python")
     from pyspark.sql import SparkSession
 
     from millstream import jvm_archive  # not at import: `python -m` runs it as a script

@@ -93,10 +93,10 @@ def java_options(enabled: bool = True) -> list[str]:
 def _session(java_options: str) -> object:
     from pyspark.sql import SparkSession
 
+    from millstream.connectors import python_workers
     from millstream.connectors.app import LOCAL_CHECKPOINTS
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    python_workers.default_worker_python()
     return (
         SparkSession.builder.master("local[2]")
         .appName("millstream.jvm-archive")

@@ -105,7 +105,10 @@ class Bench:
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith("MILLSTREAM_") or k.startswith("MILLSTREAM_KAFKA_")
+            if (not k.startswith("MILLSTREAM_") or k.startswith("MILLSTREAM_KAFKA_"))
+            # a millstream pipeline chooses its Python workers' interpreter as for a user
+            # (connectors/python_workers.py); plain Spark's names this one (`plain_pipeline`)
+            and k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
         }
         env.update(
             {
@@ -124,8 +127,6 @@ class Bench:
                 # timeout now and then; the query restarts from its checkpoint (counted in
                 # each result as `query_restarts`) instead of ending the run.
                 "MILLSTREAM_QUERY_RESTARTS": "20",
-                "PYSPARK_PYTHON": sys.executable,
-                "PYSPARK_DRIVER_PYTHON": sys.executable,
                 "SPARK_LOCAL_IP": "127.0.0.1",
             }
         )
@@ -672,7 +673,11 @@ def plain_pipeline(
     path.write_text(json.dumps(config, indent=2))
     process = Process(
         [sys.executable, "-m", "millstream.bench.plain_spark", str(path)],
-        bench.pipeline_env(f"plain-{folder.name}", folder, **env),
+        {
+            **bench.pipeline_env(f"plain-{folder.name}", folder, **env),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        },
         folder / "plain.log",
     )
     return process, prefix

@@ -579,7 +579,9 @@ def start_redis_cluster(
 def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -> SparkSession:
     """A small local[2] session whose Python workers run this interpreter (and its packages)."""
     check_java()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from millstream.connectors.python_workers import launcher
+
+    os.environ["PYSPARK_PYTHON"] = launcher(workdir / "python") or sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", HOST)
     from pyspark.sql import SparkSession

@@ -138,3 +138,15 @@ def test_durable_kafka_keeps_data_across_broker_restart(durable_kafka: KafkaServ
         assert message.headers() == [("h", b"1")]
     finally:
         consumer.close()
+
+
+@pytest.mark.spark
+def test_spark_workers_import_the_installed_pyspark(spark: SparkSession) -> None:
+    """The session's Python workers run through `connectors/python_workers.py`'s launcher:
+    pyspark compiled from its install, not compiled again from Spark's zip in each process."""
+    files = (
+        spark.sparkContext.parallelize(range(2), 2)
+        .map(lambda _: __import__("pyspark").__file__)
+        .collect()
+    )
+    assert files and all("/packages/pyspark/" in f and ".zip" not in f for f in files), files
