@@ -43,6 +43,7 @@ from millstream.injectors._kafka_options import (
 )
 from millstream.injectors._kafka_plan import OffsetPlanner
 from millstream.injectors._kafka_read import KafkaRange, read_range, read_range_rows
+from millstream.injectors._runner_exit import exit_if_query_stopped
 from millstream.injectors._throttle_flag import ThrottleFlag
 from millstream.injectors.schema import INJECTED_SCHEMA
 from millstream.state.client import connect
@@ -213,6 +214,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._planner is not None:
             self._planner.close()
             self._planner = None
+        exit_if_query_stopped()
 
     # ---------------------------------------------------------------- executors
 

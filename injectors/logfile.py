@@ -111,6 +111,7 @@ from millstream.injectors._logfile_parse import (
 )
 from millstream.injectors._logfile_plan import Budget, Planner, Rules
 from millstream.injectors._logfile_read import SliceReader, slices
+from millstream.injectors._runner_exit import exit_if_query_stopped
 from millstream.injectors._throttle_flag import ThrottleFlag
 from millstream.injectors.schema import INJECTED_SCHEMA
 
@@ -219,6 +220,9 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         restart, an uncommitted batch is re-run before any planning).
         """
         self._publish(Position.from_offset(end))
+
+    def stop(self) -> None:
+        exit_if_query_stopped()
 
     def _publish(self, position: Position) -> None:
         if self.settings.redis_url is None or position.wm[1] == Position.initial().wm[1]:

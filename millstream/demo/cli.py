@@ -146,7 +146,7 @@ def run_demo(
         "MILLSTREAM_APP": app,
         "MILLSTREAM_CHECKPOINT_DIR": str((folder / "checkpoints").resolve()),
         "MILLSTREAM_TRIGGER_MS": os.environ.get("MILLSTREAM_TRIGGER_MS", "300"),
-        "MILLSTREAM_LOG_LEVEL": "WARNING",
+        "MILLSTREAM_LOG_LEVEL": os.environ.get("MILLSTREAM_LOG_LEVEL", "WARNING"),
     }
     client = connect(redis_url)
     pipeline = PipelineProcess(

@@ -88,7 +88,7 @@ def run_photon(
         "REDIS_URL": redis_url,
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "MILLSTREAM_TRIGGER_MS": os.environ.get("MILLSTREAM_TRIGGER_MS", "300"),
-        "MILLSTREAM_LOG_LEVEL": "WARNING",
+        "MILLSTREAM_LOG_LEVEL": os.environ.get("MILLSTREAM_LOG_LEVEL", "WARNING"),
     }
     pipelines = [
         PipelineProcess(
