@@ -3,6 +3,15 @@
 Runs in Spark's planner process, which lives as long as the query, so the probe consumer, the
 last known high watermarks and the last record's times per caught-up end offset are kept on
 the planner between triggers.
+
+While a backlog lasts, the next batch's end offsets are known when this batch's are: the same
+admission control from this batch's ends over the same known high watermarks. So the next
+batch's probe of the record at each of its ends (the watermark's, step 3 of `latest`) runs in a
+thread while this batch runs, and the next trigger takes its answer when it asks for exactly
+those offsets: one broker round trip less between two batches (130 ms of the 1.2 s between
+batches measured in a throughput run here). A record at an offset does not change, so the
+answer is the one a probe at the trigger would give. Staleness matters only for the high
+watermarks, and a partition is judged caught up only against fresh ones (step 1).
 """
 
 from __future__ import annotations
@@ -11,6 +20,8 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from millstream.errors import ConfigurationError
@@ -28,6 +39,16 @@ from millstream.injectors.watermark import (
 from millstream.state.watermarks import NONE_KNOWN, Watermark, now_ms
 
 log = logging.getLogger(__name__)
+
+Probed = tuple[int, int, dict[TopicPartition, Peek]]  # began, ended (ms), the peeks
+
+
+@dataclass
+class _Ahead:
+    """The next batch's step-3 probe, started while this batch runs."""
+
+    at: dict[TopicPartition, int]
+    future: Future[Probed]
 
 
 class OffsetPlanner:
@@ -48,6 +69,8 @@ class OffsetPlanner:
             ping = metadata_ping(options)
             self._watch = BrokerWatch(self._hold, ping, name=options.stream).start()
         self._targets: dict[TopicPartition, int] | None = None
+        self._ahead: _Ahead | None = None
+        self._ahead_pool: ThreadPoolExecutor | None = None
         self._ts_extractor: Extractor | None = None
         if options.timestamp_extractor:
             try:
@@ -67,6 +90,43 @@ class OffsetPlanner:
         for tp, peek in peeks.items():
             self._known_high[tp] = peek.high
         return peeks
+
+    def _timed_probe(self, at: Mapping[TopicPartition, int]) -> Probed:
+        began = now_ms()
+        peeks = self._probe.probe(at)
+        return began, now_ms(), peeks
+
+    def _look_ahead(self, end: Mapping[TopicPartition, int], limit: int | None) -> None:
+        """Start the next batch's step-3 probe if the next trigger will skip step 1 and ask
+        for it: a backlog beyond `limit` past `end` in every partition still lagging after
+        the next batch's admission control (see the module docstring)."""
+        if limit is None or self._targets is not None or not end:
+            return
+        if any(tp not in self._known_high for tp in end):
+            return
+        high = {tp: self._known_high[tp] for tp in end}
+        if sum(max(0, h - end[tp]) for tp, h in high.items()) < limit:
+            return
+        quota = allocate({tp: high[tp] - e for tp, e in end.items()}, limit)
+        at = {tp: e + quota[tp] for tp, e in end.items()}
+        if any(e >= high[tp] for tp, e in at.items()):
+            return  # a partition catches up next batch: that trigger probes afresh
+        if self._ahead_pool is None:
+            self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="millstream-probe-ahead")
+        self._ahead = _Ahead(at, self._ahead_pool.submit(self._timed_probe, at))
+
+    def _take_ahead(self) -> tuple[dict[TopicPartition, int], Probed] | None:
+        """The probe started ahead, once it is over (no probe runs beside another: every entry
+        point takes it first); None if there was none or it failed (the fresh probe that
+        replaces it reports the failure)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        try:
+            return ahead.at, ahead.future.result()
+        except Exception as exc:
+            log.debug("probe ahead of the next batch failed: %s", exc)
+            return None
 
     def _observed(
         self,
@@ -169,6 +229,7 @@ class OffsetPlanner:
         batch from the new answer to the end it logged: from `latest` (or after retention) a
         new answer would skip the batch's records. With `startFile` the first answer is kept
         and given again, as Spark's own Kafka source keeps its in the checkpoint."""
+        self._take_ahead()
         kept = self._kept_start()
         if kept is not None:
             return kept
@@ -208,6 +269,7 @@ class OffsetPlanner:
 
     def freeze_targets(self) -> None:
         """Trigger.AvailableNow: read up to today's ends and no further (new partitions too)."""
+        self._take_ahead()
         tps = self._probe.partitions()
         peeks = self._probe_at({tp: self._known_high.get(tp, EARLIEST) for tp in tps})
         self._targets = {tp: peek.high for tp, peek in peeks.items()}
@@ -219,6 +281,7 @@ class OffsetPlanner:
         (so the watermark moves and wall-time timers come due). Under AvailableNow no batch
         runs after the targets are reached, which is what ends the query.
         """
+        ahead = self._take_ahead()
         now = now_ms()
         options = self._options
         tps = self._probe.partitions()
@@ -226,30 +289,38 @@ class OffsetPlanner:
         new = [tp for tp in tps if tp not in start.positions]
 
         # 1. Fresh high watermarks. Skipped when admission control cannot reach the ends we
-        #    already know: the probe at the end offsets (step 3) refreshes them anyway.
+        #    already know in any partition: the probe at the end offsets (step 3) refreshes
+        #    them anyway. A partition that would catch up is judged against fresh ones.
         known = all(tp in self._known_high for tp in positions)
         backlog = sum(max(0, self._known_high.get(tp, 0) - pos) for tp, pos in positions.items())
+        skip = limit is not None and known and backlog >= limit and self._targets is None
+        if skip:
+            planned = self._admit(positions, self._known_high, limit)
+            skip = all(e < self._known_high[tp] for tp, e in planned.items())
         first: dict[TopicPartition, Peek] = {}
         at: dict[TopicPartition, int] = {tp: EARLIEST for tp in new}
-        if not (limit is not None and known and backlog >= limit and self._targets is None):
+        if not skip:
             at.update({tp: max(p, self._known_high.get(tp, p)) for tp, p in positions.items()})
         if at:
             first = self._probe_at(at)
         high = {tp: self._known_high.get(tp, pos) for tp, pos in positions.items()}
 
         # 2. Admission control over what is available (capped at the AvailableNow targets).
-        cap = dict(high)
-        if self._targets is not None:
-            cap = {tp: min(h, self._targets.get(tp, positions[tp])) for tp, h in high.items()}
-        quota = allocate({tp: cap[tp] - pos for tp, pos in positions.items()}, limit)
-        end = {tp: pos + quota[tp] for tp, pos in positions.items()}
+        end = self._admit(positions, high, limit)
 
         # 3. The next unread record of every partition with lag (its time is the watermark).
         peeks: dict[TopicPartition, Peek] = {
             tp: first[tp] for tp in end if tp in first and at.get(tp) == end[tp]
         }
         missing = {tp: e for tp, e in end.items() if e < high[tp] and tp not in peeks}
-        peeks.update(self._probe_at(missing))
+        if ahead is not None and ahead[0] == missing:  # probed while the last batch ran
+            began, ended, found = ahead[1]
+            self._hold.observe(began, ended)
+            for tp, peek in found.items():
+                self._known_high[tp] = peek.high
+            peeks.update(found)
+        else:
+            peeks.update(self._probe_at(missing))
         # 4. Caught-up partitions: the last record below the end offset (see `watermark`).
         last = self._caught_up_records(
             {tp: e for tp, e in end.items() if e >= high[tp]}, first, now
@@ -276,16 +347,37 @@ class OffsetPlanner:
         moved = any(end[tp] != start.positions.get(tp) for tp in end)
         if not moved and (self._targets is not None or tick == start.tick):
             return None
+        self._look_ahead(end, limit)
         return InjectorOffset(end, watermark, max(tick, start.tick))
+
+    def _admit(
+        self,
+        positions: Mapping[TopicPartition, int],
+        high: Mapping[TopicPartition, int],
+        limit: int | None,
+    ) -> dict[TopicPartition, int]:
+        """Each partition's end: admission control over what is available below `high`
+        (capped at the AvailableNow targets)."""
+        cap = {tp: high.get(tp, pos) for tp, pos in positions.items()}
+        if self._targets is not None:
+            cap = {tp: min(h, self._targets.get(tp, positions[tp])) for tp, h in cap.items()}
+        quota = allocate({tp: cap[tp] - pos for tp, pos in positions.items()}, limit)
+        return {tp: pos + quota[tp] for tp, pos in positions.items()}  # fmt: skip
 
     def renew_probe(self) -> None:
         """Drop the probe's client after a probe failed (a stalled connection): the next probe
         connects afresh. What the planner knows stays: the outage hold (dropping it let the
         watermark pass records the broker held back during the outage), the partitions' last
         records, AvailableNow targets."""
+        self._take_ahead()
         self._probe.close()
 
     def close(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        busy = ahead is not None and not ahead.future.done()
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=False)
         if self._watch is not None:
             self._watch.close()
-        self._probe.close()
+        if not busy:  # a probe still running ahead (a broker gone quiet) keeps its client
+            self._probe.close()

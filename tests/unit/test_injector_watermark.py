@@ -8,6 +8,7 @@ record below an end offset).
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Mapping
 
@@ -537,3 +538,100 @@ def test_the_reader_keeps_its_outage_hold_when_a_probe_fails() -> None:
     log.log[("t", 0)].append((1, now_ms()))  # a producer back first: a fresh record
     back = InjectorOffset.from_json(reader.latestOffset(caught_up, ReadAllAvailable()))
     assert back.watermark.event <= created, (back.watermark, created)  # the held one is on time
+
+
+# ---------------------------------------------------------------- probing ahead of a backlog
+
+
+def _ahead_done(plan: OffsetPlanner) -> dict[tuple[str, int], int] | None:
+    """Where the probe started ahead looked, once it is over (None: none started)."""
+    ahead = plan._ahead
+    if ahead is None:
+        return None
+    ahead.future.result(timeout=10)
+    return ahead.at
+
+
+def test_a_backlog_probes_the_next_batchs_ends_while_the_batch_runs() -> None:
+    log = LogProbe({("t", p): [(i, 1_000 * p + i) for i in range(100)] for p in (0, 1)})
+    plan = planner(log)
+    first = plan.latest(plan.initial(), limit=20)
+    assert first is not None and first.positions == {("t", 0): 10, ("t", 1): 10}
+    assert _ahead_done(plan) == {("t", 0): 20, ("t", 1): 20}  # the next batch's ends
+    probes = len(log.probes)
+    second = plan.latest(first, limit=20)
+    assert second is not None and second.positions == {("t", 0): 20, ("t", 1): 20}
+    assert len(log.probes) == probes  # this trigger asked the broker nothing
+    # The same watermark as a probe at the trigger: the oldest next unread record.
+    assert second.watermark == Watermark(20, 20)
+    assert _ahead_done(plan) == {("t", 0): 30, ("t", 1): 30}
+
+
+def test_a_probe_ahead_for_other_offsets_is_not_used() -> None:
+    log = LogProbe({("t", 0): [(i, i) for i in range(100)]})
+    plan = planner(log)
+    first = plan.latest(plan.initial(), limit=20)
+    assert first is not None and _ahead_done(plan) == {("t", 0): 40}
+    # Spark asks from elsewhere (say a restarted query, from its checkpoint): a fresh probe.
+    other = InjectorOffset({("t", 0): 50}, first.watermark, first.tick)
+    end = plan.latest(other, limit=20)
+    assert end is not None and end.positions == {("t", 0): 70}
+    assert log.probes[-1] == {("t", 0): 70} and end.watermark == Watermark(70, 70)
+
+
+def test_a_failed_probe_ahead_gives_way_to_a_fresh_one() -> None:
+    class AheadFails(LogProbe):
+        def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+            if threading.current_thread().name.startswith("millstream-probe-ahead"):
+                raise TransientError("Kafka sent no fetch response (test)")
+            return super().probe(at)
+
+    log = AheadFails({("t", 0): [(i, i) for i in range(100)]})
+    plan = planner(log)
+    first = plan.latest(plan.initial(), limit=20)
+    assert first is not None and plan._ahead is not None
+    with pytest.raises(TransientError):
+        plan._ahead.future.result(timeout=10)
+    second = plan.latest(first, limit=20)
+    assert second is not None and second.watermark == Watermark(40, 40)
+    assert log.probes[-1] == {("t", 0): 40}
+
+
+def test_a_partition_about_to_catch_up_is_judged_against_fresh_high_watermarks() -> None:
+    # Partition 1 drains in the first batch; then records arrive in it, older than partition
+    # 0's backlog. Against the high watermark of the last probe (stale) partition 1 looked
+    # caught up: its records were left for a later batch, and this batch's watermark (the
+    # clock's for partition 1, partition 0's next record) passed them: late.
+    log = LogProbe({("t", 0): [(i, 1_000 + i) for i in range(100)], ("t", 1): [(0, 2_000)]})
+    plan = planner(log)
+    first = plan.latest(plan.initial(), limit=20)
+    assert first is not None and first.positions == {("t", 0): 19, ("t", 1): 1}
+    assert first.watermark == Watermark(1_019, 1_019)
+    log.log[("t", 1)] += [(1, 1_025), (2, 1_026)]
+    second = plan.latest(first, limit=20)
+    # Read in this batch, whose records meet the watermark 1,019: on time.
+    assert second is not None and second.positions == {("t", 0): 37, ("t", 1): 3}
+    assert second.watermark == Watermark(1_037, 1_037)
+
+
+def test_closing_does_not_wait_for_a_probe_ahead_that_hangs() -> None:
+    release = threading.Event()
+
+    class AheadHangs(LogProbe):
+        closed = False
+
+        def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+            if threading.current_thread().name.startswith("millstream-probe-ahead"):
+                release.wait(10)  # a broker that went quiet: up to the probe's timeout
+            return super().probe(at)
+
+        def close(self) -> None:
+            self.closed = True
+
+    log = AheadHangs({("t", 0): [(i, i) for i in range(100)]})
+    plan = planner(log)
+    assert plan.latest(plan.initial(), limit=20) is not None and plan._ahead is not None
+    began = time.monotonic()
+    plan.close()
+    assert time.monotonic() - began < 1.0 and not log.closed  # its client stays with it
+    release.set()
