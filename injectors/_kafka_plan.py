@@ -96,21 +96,29 @@ class OffsetPlanner:
         peeks = self._probe.probe(at)
         return began, now_ms(), peeks
 
+    def _backlog_ends(
+        self, positions: Mapping[TopicPartition, int], limit: int | None
+    ) -> dict[TopicPartition, int] | None:
+        """The batch's ends from `positions` when the known high watermarks suffice (step 1
+        skipped): a backlog beyond `limit` and every partition still lagging after admission
+        control; None when a fresh probe of the high watermarks is needed. `latest` decides
+        with it, and `_look_ahead` predicts the next trigger's decision with it."""
+        if limit is None or self._targets is not None:
+            return None
+        if any(tp not in self._known_high for tp in positions):
+            return None
+        high = self._known_high
+        if sum(max(0, high[tp] - pos) for tp, pos in positions.items()) < limit:
+            return None
+        ends = self._admit(positions, high, limit)
+        return ends if all(e < high[tp] for tp, e in ends.items()) else None
+
     def _look_ahead(self, end: Mapping[TopicPartition, int], limit: int | None) -> None:
-        """Start the next batch's step-3 probe if the next trigger will skip step 1 and ask
-        for it: a backlog beyond `limit` past `end` in every partition still lagging after
-        the next batch's admission control (see the module docstring)."""
-        if limit is None or self._targets is not None or not end:
-            return
-        if any(tp not in self._known_high for tp in end):
-            return
-        high = {tp: self._known_high[tp] for tp in end}
-        if sum(max(0, h - end[tp]) for tp, h in high.items()) < limit:
-            return
-        quota = allocate({tp: high[tp] - e for tp, e in end.items()}, limit)
-        at = {tp: e + quota[tp] for tp, e in end.items()}
-        if any(e >= high[tp] for tp, e in at.items()):
-            return  # a partition catches up next batch: that trigger probes afresh
+        """Start the next batch's step-3 probe if the next trigger, starting at `end`, will
+        skip step 1 and ask for it (see the module docstring)."""
+        at = self._backlog_ends(end, limit)
+        if not at:
+            return  # a fresh probe at the next trigger (or nothing to read)
         if self._ahead_pool is None:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="millstream-probe-ahead")
         self._ahead = _Ahead(at, self._ahead_pool.submit(self._timed_probe, at))
@@ -291,12 +299,7 @@ class OffsetPlanner:
         # 1. Fresh high watermarks. Skipped when admission control cannot reach the ends we
         #    already know in any partition: the probe at the end offsets (step 3) refreshes
         #    them anyway. A partition that would catch up is judged against fresh ones.
-        known = all(tp in self._known_high for tp in positions)
-        backlog = sum(max(0, self._known_high.get(tp, 0) - pos) for tp, pos in positions.items())
-        skip = limit is not None and known and backlog >= limit and self._targets is None
-        if skip:
-            planned = self._admit(positions, self._known_high, limit)
-            skip = all(e < self._known_high[tp] for tp, e in planned.items())
+        skip = self._backlog_ends(positions, limit) is not None
         first: dict[TopicPartition, Peek] = {}
         at: dict[TopicPartition, int] = {tp: EARLIEST for tp in new}
         if not skip:
@@ -362,7 +365,7 @@ class OffsetPlanner:
         if self._targets is not None:
             cap = {tp: min(h, self._targets.get(tp, positions[tp])) for tp, h in cap.items()}
         quota = allocate({tp: cap[tp] - pos for tp, pos in positions.items()}, limit)
-        return {tp: pos + quota[tp] for tp, pos in positions.items()}  # fmt: skip
+        return {tp: pos + quota[tp] for tp, pos in positions.items()}
 
     def renew_probe(self) -> None:
         """Drop the probe's client after a probe failed (a stalled connection): the next probe
