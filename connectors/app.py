@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,12 @@ def checkpoint_config(checkpoint_dir: str) -> dict[str, str]:
     return {"spark.sql.streaming.checkpointFileManagerClass": LOCAL_CHECKPOINTS}
 
 
+def driver_java_options(settings: Settings, log_options: str, archive: Sequence[str]) -> str:
+    """The driver JVM's options: logging's, MILLSTREAM_DRIVER_JAVA_OPTIONS and the class
+    archive's, in that order (a later option of the same name wins in the JVM)."""
+    return " ".join(o for o in (log_options, *settings.driver_java_options, *archive) if o)
+
+
 def spark_session(settings: Settings, app_name: str) -> Any:
     """A SparkSession whose Python workers run this interpreter (so they see our packages)."""
     from millstream.embedded import check_java
@@ -65,10 +71,13 @@ def spark_session(settings: Settings, app_name: str) -> Any:
 
     config = dict(spark_log_config(settings.log_level))
     config.update(checkpoint_config(settings.checkpoint_dir))
-    java_options = [str(config.pop("spark.driver.extraJavaOptions", "") or "")]
-    java_options += jvm_archive.java_options(settings.jvm_archive == "auto")
-    if any(java_options):
-        config["spark.driver.extraJavaOptions"] = " ".join(o for o in java_options if o)
+    java_options = driver_java_options(
+        settings,
+        str(config.pop("spark.driver.extraJavaOptions", "") or ""),
+        jvm_archive.java_options(settings.jvm_archive == "auto"),
+    )
+    if java_options:
+        config["spark.driver.extraJavaOptions"] = java_options
     spark = (
         SparkSession.builder.master(settings.spark_master)
         .appName(app_name)

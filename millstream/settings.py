@@ -15,6 +15,8 @@ from millstream.errors import ConfigurationError
 T = TypeVar("T")
 
 DEFAULT_APP = "millstream"
+# Spark's driver JVM in a pipeline: C1 only, serial collector (MILLSTREAM_DRIVER_JAVA_OPTIONS).
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 # (variable, default shown in the README, meaning); the README table is checked against this.
 VARIABLES: tuple[tuple[str, str, str], ...] = (
@@ -40,6 +42,15 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "1g",
         "Heap of Spark's driver JVM (spark.driver.memory: 512m or more, e.g. 768m, 2g); in "
         "local mode the executors share it.",
+    ),
+    (
+        "MILLSTREAM_DRIVER_JAVA_OPTIONS",
+        DRIVER_JAVA_OPTIONS,
+        "Options of Spark's driver JVM (space-separated, each starting with '-'; empty for the "
+        "JVM's own defaults). The default compiles with C1 only and collects with the serial "
+        "collector: in a pipeline the driver JVM schedules and moves little data, and C2's "
+        "compiler threads and G1's bookkeeping took a core's fifth and 100-170 MB of a 2-core "
+        "machine (README, Memory). The heap is MILLSTREAM_SPARK_DRIVER_MEMORY's.",
     ),
     (
         "MILLSTREAM_CHECKPOINT_DIR",
@@ -239,6 +250,16 @@ def _jvm_memory(raw: str) -> str:
     return raw.lower()
 
 
+def _java_options(raw: str) -> tuple[str, ...]:
+    """JVM options for Spark's driver. The heap is refused here: Spark refuses -Xmx in
+    spark.driver.extraJavaOptions with an error that does not name the setting."""
+    options = tuple(raw.split())
+    for option in options:
+        if not option.startswith("-") or option.startswith(("-Xmx", "-Xms")):
+            raise ValueError(raw)
+    return options
+
+
 def _fraction(raw: str) -> float:
     value = float(raw)
     if not 0.0 < value < 0.5:
@@ -292,6 +313,7 @@ class Settings:
     app: str = DEFAULT_APP
     spark_master: str = "local[2]"
     spark_driver_memory: str = "1g"
+    driver_java_options: tuple[str, ...] = tuple(DRIVER_JAVA_OPTIONS.split())
     checkpoint_dir: str = ".millstream/checkpoints"
     shards: int = 8
     trigger_ms: int = 200
@@ -361,6 +383,14 @@ class Settings:
                 "1g",
                 _jvm_memory,
                 "a size of 512m or more, as Spark writes it (768m, 1g, 2g)",
+            ),
+            driver_java_options=_parse(
+                env,
+                "MILLSTREAM_DRIVER_JAVA_OPTIONS",
+                DRIVER_JAVA_OPTIONS,
+                _java_options,
+                "JVM options separated by spaces, each starting with '-' (the heap is "
+                "MILLSTREAM_SPARK_DRIVER_MEMORY's, not -Xmx/-Xms)",
             ),
             checkpoint_dir=env.get("MILLSTREAM_CHECKPOINT_DIR", ".millstream/checkpoints"),
             shards=_parse(

@@ -588,6 +588,7 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
 
     from millstream import jvm_archive  # not at import: `python -m` runs it as a script
     from millstream.connectors.app import LOCAL_CHECKPOINTS
+    from millstream.settings import DRIVER_JAVA_OPTIONS
 
     workdir.mkdir(parents=True, exist_ok=True)
     builder: Any = SparkSession.builder
@@ -606,7 +607,10 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
         .config("spark.local.dir", str(workdir / "local"))
         .config("spark.sql.warehouse.dir", str(workdir / "warehouse"))
         .config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINTS)  # as run
-        .config("spark.driver.extraJavaOptions", " ".join(jvm_archive.java_options()))
+        .config(  # the JVM a pipeline's driver runs (MILLSTREAM_DRIVER_JAVA_OPTIONS's default)
+            "spark.driver.extraJavaOptions",
+            " ".join([*DRIVER_JAVA_OPTIONS.split(), *jvm_archive.java_options()]),
+        )
         .getOrCreate()
     )
 

@@ -216,3 +216,19 @@ def test_local_checkpoints_are_renamed_without_a_child_process(folder: str, loca
         assert config == {"spark.sql.streaming.checkpointFileManagerClass": LOCAL_CHECKPOINTS}
     else:
         assert config == {}
+
+
+def test_driver_jvm_options_put_the_settings_between_logging_and_the_archive() -> None:
+    """The pipeline's driver JVM gets MILLSTREAM_DRIVER_JAVA_OPTIONS (C1 and the serial
+    collector by default) beside the logging and class-archive options; empty leaves them."""
+    from millstream.connectors.app import driver_java_options
+
+    log_options = "-Dlog4j2.configurationFile=/x.xml"
+    archive = ["-XX:SharedArchiveFile=/a.jsa", "-Xlog:cds=off"]
+    assert driver_java_options(Settings.from_env({}), log_options, archive) == (
+        "-Dlog4j2.configurationFile=/x.xml -XX:TieredStopAtLevel=1 -XX:+UseSerialGC "
+        "-XX:SharedArchiveFile=/a.jsa -Xlog:cds=off"
+    )
+    empty = Settings.from_env({"MILLSTREAM_DRIVER_JAVA_OPTIONS": ""})
+    assert driver_java_options(empty, "", []) == ""
+    assert driver_java_options(empty, log_options, archive) == " ".join([log_options, *archive])

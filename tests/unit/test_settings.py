@@ -125,6 +125,19 @@ def test_mask_url_leaves_urls_without_password_alone() -> None:
     assert mask_url(None) is None
 
 
+def test_driver_java_options_default_to_c1_and_the_serial_collector() -> None:
+    assert Settings.from_env({}).driver_java_options == (
+        "-XX:TieredStopAtLevel=1",
+        "-XX:+UseSerialGC",
+    )
+    assert Settings.from_env({"MILLSTREAM_DRIVER_JAVA_OPTIONS": ""}).driver_java_options == ()
+    given = Settings.from_env({"MILLSTREAM_DRIVER_JAVA_OPTIONS": " -XX:+UseG1GC  -Dx=1 "})
+    assert given.driver_java_options == ("-XX:+UseG1GC", "-Dx=1")
+    for bad in ("UseSerialGC", "-XX:+UseSerialGC foo", "-Xmx2g", "-Xms1g"):
+        with pytest.raises(ConfigurationError, match=r"MILLSTREAM_DRIVER_JAVA_OPTIONS.*-Xmx"):
+            Settings.from_env({"MILLSTREAM_DRIVER_JAVA_OPTIONS": bad})
+
+
 def test_spark_driver_memory_is_a_jvm_size_of_512m_or_more() -> None:
     assert Settings.from_env({}).spark_driver_memory == "1g"
     assert Settings.from_env({"MILLSTREAM_SPARK_DRIVER_MEMORY": "768M"}).spark_driver_memory == (
