@@ -114,4 +114,15 @@ def test_a_bench_pipeline_process_counts_every_event_on_the_one_runtime(
         assert "runtime" not in row and "delivery" not in row
     assert rows[0]["exactly_once"] and not rows[1]["exactly_once"]
     (log,) = {r["log"] for r in rows}  # one process ran both
+    # Spark's trigger reports, polled from each query (no listener), each written once.
+    for row in rows:
+        (query,) = row["spark"].values()
+        assert query["triggers"] >= row["batches"] > 0
+    reports = [
+        json.loads(line)
+        for path in (tmp_path / "runs").rglob("progress.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    assert len({(r["run"], r["batch"]) for r in reports}) == len(reports)
+    assert all("addBatch" in r["duration_ms"] for r in reports if r["rows"])
     assert "MILLSTREAM_RUNTIME" not in Path(log).read_text(errors="replace")
