@@ -316,8 +316,11 @@ class Process:
         if self.proc is None:
             return
         if self.proc.poll() is None:
+            # The process itself first: a pipeline's driver stops its queries while its JVM
+            # and stream runners live (a SIGTERM of the group reset the runners' sockets under
+            # a running trigger, and the log read "terminated with error").
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.kill(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
