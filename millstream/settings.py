@@ -48,9 +48,9 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         DRIVER_JAVA_OPTIONS,
         "Options of Spark's driver JVM (space-separated, each starting with '-'; empty for the "
         "JVM's own defaults). The default compiles with C1 only and collects with the serial "
-        "collector: in a pipeline the driver JVM schedules and moves little data, and C2's "
-        "compiler threads and G1's bookkeeping took a core's fifth and 100-170 MB of a 2-core "
-        "machine (README, Memory). The heap is MILLSTREAM_SPARK_DRIVER_MEMORY's.",
+        "collector: in a pipeline the driver JVM schedules and moves little data; on a 2-core "
+        "machine C2's compiler threads took a fifth of a core, and G1 kept 100-180 MB more "
+        "resident (README, Spark's driver JVM). The heap is MILLSTREAM_SPARK_DRIVER_MEMORY's.",
     ),
     (
         "MILLSTREAM_CHECKPOINT_DIR",
