@@ -61,6 +61,24 @@ class ProgressPoller:
             time.sleep(self.interval_s)
             self.poll()
 
+    def settle(self, timeout_s: float = 5.0) -> None:
+        """Wait, at most `timeout_s`, until the trigger each query runs now has ended.
+
+        A run ends on its counted metrics, which its last batch writes inside its trigger;
+        Spark records that trigger's report as the trigger ends (and only then marks the query's
+        status inactive), so a poll straight after the count can miss the run's last report.
+        Triggers run one after another, so once a query is seen between triggers, every
+        trigger begun before the wait has been reported."""
+        try:
+            pending = list(self.spark.streams.active)
+            deadline = time.monotonic() + timeout_s
+            while pending and time.monotonic() < deadline:
+                pending = [query for query in pending if query.status["isTriggerActive"]]
+                if pending:
+                    time.sleep(0.02)
+        except Exception as exc:  # the JVM ends first at a SIGTERM of the process group
+            logging.getLogger(__name__).debug("progress settle: %s", exc)
+
     def poll(self) -> None:
         """Write the reports triggered since the last poll (none once the JVM is gone)."""
         with self.lock:
@@ -170,6 +188,7 @@ def main(argv: list[str]) -> int:
                     stop.wait(0.5 if not last else 1.0)
             finally:
                 if progress is not None:
+                    progress.settle()  # the trigger that wrote the last count has reported
                     progress.poll()  # the run's last reports, while its queries are active
                 app.stop()
             if stop.is_set():
