@@ -42,6 +42,9 @@ RESTART_WINDOW_S = 600.0
 LOCAL_CHECKPOINTS = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
+# Spark's Python worker daemon, with the shard task's modules imported before it forks a
+# worker (`millstream/worker_daemon.py`): a burst after a quiet minute meets warm workers.
+WORKER_DAEMON = "millstream.worker_daemon"
 
 
 def checkpoint_config(checkpoint_dir: str) -> dict[str, str]:
@@ -86,6 +89,7 @@ def spark_session(settings: Settings, app_name: str) -> Any:
         .config("spark.scheduler.mode", "FAIR")  # queries added at run time interleave jobs
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", WORKER_DAEMON)
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
         .config("spark.driver.memory", settings.spark_driver_memory)
         # A Python worker on a saturated machine may take longer than the default 15 s to

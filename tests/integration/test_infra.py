@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -150,3 +152,40 @@ def test_spark_workers_import_the_installed_pyspark(spark: SparkSession) -> None
         .collect()
     )
     assert files and all("/packages/pyspark/" in f and ".zip" not in f for f in files), files
+
+
+@pytest.mark.spark
+def test_spark_workers_start_with_the_shard_task_imported_and_are_kept(
+    spark: SparkSession,
+) -> None:
+    """Forked by `millstream/worker_daemon.py`, a worker has the shard task's modules before
+    its first task; `WarmWorkers` runs its job at start, and a shard job after it runs in the
+    same workers (Spark reuses them)."""
+    from millstream.connectors.shard_jobs import WarmWorkers
+
+    def preloaded(rows: Iterator[int]) -> Iterator[tuple[int, bool, int]]:
+        """What a worker held before this task imported anything (pickled by value)."""
+        import os
+        import sys
+
+        found = "millstream.connectors.shard_task" in sys.modules
+        for _ in rows:
+            yield os.getpid(), found, os.getppid()
+
+    daemon = spark.sparkContext.getConf().get("spark.python.daemon.module")
+    assert daemon == "millstream.worker_daemon"
+    warm = WarmWorkers(spark)
+    warm.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not warm.pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        warm.stop()
+    assert warm.pids, "the warming job did not run"
+    seen = spark.sparkContext.parallelize(range(2), 2).mapPartitions(preloaded).collect()
+    assert all(found for _, found, _ in seen), seen
+    assert {pid for pid, _, _ in seen} <= set(warm.pids), (seen, warm.pids)
+    parents = {parent for _, _, parent in seen}
+    commands = {Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in parents}
+    assert all(b"millstream.worker_daemon" in c for c in commands), commands

@@ -1,0 +1,60 @@
+"""`millstream/worker_daemon.py`: Spark's worker daemon imports the shard task before forking."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+_PROBE = """
+import json, os, sys
+from millstream import worker_daemon
+before = "millstream.connectors.shard_task" in sys.modules
+if len(sys.argv) > 2:
+    worker_daemon.PRELOADED = (sys.argv[2],)
+worker_daemon.preload(sys.argv[1] or None)
+print(json.dumps({
+    "before": before,
+    "after": "millstream.connectors.shard_task" in sys.modules,
+    "threads": len(os.listdir("/proc/self/task")),
+    "openblas": os.environ.get("OPENBLAS_NUM_THREADS"),
+}))
+"""
+
+
+def _probe(*args: str, env: dict[str, str] | None = None) -> tuple[dict, str]:
+    environment = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**environment, **(env or {})},
+        timeout=60,
+    )
+    return json.loads(done.stdout), done.stderr
+
+
+def test_the_plain_worker_daemon_imports_the_shard_task_without_starting_a_thread() -> None:
+    found, _ = _probe("pyspark.worker")
+    # A forked child keeps only the forking thread: the daemon must have no other.
+    assert found == {"before": False, "after": True, "threads": 1, "openblas": "1"}
+    found, _ = _probe("")  # Spark's default worker module, not named
+    assert found["after"] and found["threads"] == 1
+
+
+def test_a_users_openblas_setting_is_kept() -> None:
+    found, _ = _probe("pyspark.worker", env={"OPENBLAS_NUM_THREADS": "4"})
+    assert found["after"] and found["openblas"] == "4"
+
+
+def test_daemons_of_other_workers_import_nothing() -> None:
+    found, _ = _probe("pyspark.sql.worker.create_data_source")
+    assert found == {"before": False, "after": False, "threads": 1, "openblas": None}
+
+
+def test_a_failed_preload_is_reported_and_the_daemon_goes_on() -> None:
+    found, stderr = _probe("pyspark.worker", "millstream.no_such_module")
+    assert not found["after"]
+    assert "could not preload the runtime" in stderr and "no_such_module" in stderr
