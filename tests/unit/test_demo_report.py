@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from millstream.demo.report import crash_span, split_latency
 
 KILL = 100_000
@@ -45,3 +47,28 @@ def test_journeys_overlapping_the_span_are_reported_apart() -> None:
     assert split["outside_crash"]["p99"] == 3.0
     assert split["crash_and_catch_up"]["p99"] == 13.0
     assert split_latency(journeys, None)["crash_and_catch_up"]["p50"] is None
+
+
+def test_an_episode_counts_as_reported_on_the_window_of_its_first_records() -> None:
+    """The generator stamps a record up to MAX_DELAY_MS before its send: a spike detected on the
+    window holding its first records is reported; a window that ends before any of them could
+    be stamped is not (seen: a spike first reported 1,017 ms before its first send)."""
+    from millstream.demo.generator import MAX_DELAY_MS, WINDOW_MS, Episode, Plan
+    from millstream.demo.verify import verify
+
+    start_wall = 1_795_958_539_517
+    plan = Plan([], [Episode("spike", ("q0015",), 13_500, 19_500)], 45_000, 11_250)
+    begin = start_wall + 13_500
+
+    def verdict_for(window_ms: int) -> bool:
+        anomaly = {"type": "spike", "q": "q0015", "w": window_ms, "n": 12}
+        verdict = verify(plan, start_wall, [], [json.dumps(anomaly).encode()], {}, 0)
+        (check,) = [c for c in verdict.checks if c.name == "spike of q0015 at +14s reported"]
+        return check.passed
+
+    assert verdict_for(1_795_958_552_000)  # 1,017 ms before the first send: its first records
+    assert verdict_for(begin + 2_000)
+    first_possible = begin - MAX_DELAY_MS - WINDOW_MS
+    assert verdict_for(first_possible)
+    assert not verdict_for(first_possible - 1)  # ends before any of its records is stamped
+    assert not verdict_for(start_wall + 19_501)  # after the episode
