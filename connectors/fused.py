@@ -121,7 +121,7 @@ class FusedRunner:
         self.sources: list[tuple[str, dict[str, str]]] = []  # read by the query, in order
         self.offset_log = driver_read.OffsetLog(self.checkpoint)
         self.settlement = Settlement(self.client, topology.app)
-        self.warm: WarmWorkers | None = None  # Spark's Python workers, from the query's start
+        self.warm = WarmWorkers()  # Spark's Python workers, from the query's start
         self.replays = ReplayIntake(
             self.client, topology.app, tuple(self.order), settings.max_records_per_batch
         )
@@ -195,8 +195,7 @@ class FusedRunner:
         """Release the delivery threads of a runner that will not run again (replaced or
         removed at run time), once its last batch's end is over; its query is stopped by then."""
         self.settlement.shutdown()
-        if self.warm is not None:
-            self.warm.stop()
+        self.warm.stop()
 
     def read_partitions(self) -> None:
         """Each topic input's partition count, from the broker's metadata: a topic created
@@ -214,9 +213,7 @@ class FusedRunner:
         self.read_partitions()
         # While the query starts: the settlement delivers from this process.
         self.settlement.pool.submit(warm_sinks, self.topology.app, list(self.stages.values()))
-        if self.warm is None:  # a restarted query keeps its runner's
-            self.warm = WarmWorkers(spark)
-            self.warm.start()
+        self.warm.start(spark)
         self.watermarks.mark_catch_up(self.endpoints)
         self.offset_log.forget()  # a new query: its offset log is read afresh
         suffix = "" if self.segment == MAIN else f".{self.segment}"

@@ -193,14 +193,17 @@ class WarmWorkers:
     per core at start, while the query starts, and again whenever no shard job ran for
     `WARM_IDLE_S`."""
 
-    def __init__(self, spark: Any) -> None:
-        self.context = spark.sparkContext
+    def __init__(self) -> None:
+        self.context: Any = None
         self.pids: list[int] = []  # the workers the last warming job ran in
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="millstream-warm", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
+    def start(self, spark: Any) -> None:
+        """Start warming (once: a restarted query keeps its runner's)."""
+        if self.context is None:
+            self.context = spark.sparkContext
+            self._thread.start()
 
     def stop(self) -> None:
         self._halt.set()

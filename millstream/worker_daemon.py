@@ -19,6 +19,7 @@ A failed import is written to stderr and the daemon runs as Spark's own would.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -34,8 +35,6 @@ def preload(worker_module: str | None) -> None:
     if worker_module not in (None, PLAIN_WORKER):
         return
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    import importlib
-
     try:
         for name in PRELOADED:
             importlib.import_module(name)

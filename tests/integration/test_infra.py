@@ -174,8 +174,8 @@ def test_spark_workers_start_with_the_shard_task_imported_and_are_kept(
 
     daemon = spark.sparkContext.getConf().get("spark.python.daemon.module")
     assert daemon == "millstream.worker_daemon"
-    warm = WarmWorkers(spark)
-    warm.start()
+    warm = WarmWorkers()
+    warm.start(spark)
     try:
         deadline = time.monotonic() + 60
         while not warm.pids and time.monotonic() < deadline:
