@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from millstream.demo.generator import MAX_DELAY_MS, WINDOW_MS, Plan, window_truth
+from millstream.headers import HEADER_ID
+
+if TYPE_CHECKING:
+    from millstream.testing.committed_reader import CommittedRecord
 
 DIP_GAP_MS = 3000  # the detector's documented rule, used only to exclude the traffic's end
 
@@ -44,6 +49,30 @@ def _within(window_ms: int, begin_ms: int, finish_ms: int) -> bool:
     return begin_ms - MAX_DELAY_MS - WINDOW_MS <= window_ms <= finish_ms
 
 
+def doubled_example(records: Sequence[CommittedRecord]) -> str:
+    """The first window count that appears more than once: where its copies sit, and whether
+    they are one production delivered twice (the same production id: a delivery fault, sink or
+    broker) or the window computed twice (different ids: a state or timer fault). Empty when
+    every window appears once. A diagnosis for the failed check, not part of the ground truth."""
+    copies: defaultdict[tuple[str, int], list[CommittedRecord]] = defaultdict(list)
+    for record in records:
+        if record.value:
+            item = json.loads(record.value)
+            copies[(item["key"], item["start"])].append(record)
+    for (key, start), found in copies.items():
+        if len(found) < 2:
+            continue
+        where = ", ".join(f"partition {r.partition} offset {r.offset}" for r in found)
+        ids = {r.header(HEADER_ID) for r in found}
+        cause = (
+            "one production (the same id) delivered twice"
+            if len(ids) == 1
+            else f"{len(ids)} productions with different ids (the window computed again)"
+        )
+        return f"e.g. {key} from {start} at {where}: {cause}"
+    return ""
+
+
 def verify(
     plan: Plan,
     start_wall_ms: int,
@@ -52,6 +81,7 @@ def verify(
     counters: dict[str, int],
     closed_before_ms: int,
     stages: dict[str, dict[str, int]] | None = None,
+    window_sources: Sequence[CommittedRecord] = (),
 ) -> Verdict:
     """Compare sink outputs (as a read_committed reader sees them) with the ground truth.
 
@@ -60,6 +90,7 @@ def verify(
     `stages`: every computation's committed counters, first stage first: only the first
     stage may see late records (the generator's), no stage dead-letters anything (the
     generator sends no bad input), and the second stage consumes every window count.
+    `window_sources`: the window records as read, to say where a doubled window sits.
     """
     verdict = Verdict()
     truth = window_truth(plan, start_wall_ms)
@@ -73,7 +104,7 @@ def verify(
     verdict.add(
         "no window count emitted twice",
         not doubled,
-        f"{len(doubled)} windows appear more than once"
+        f"{len(doubled)} windows appear more than once; {doubled_example(window_sources)}"
         if doubled
         else f"{len(seen)} windows, each once",
     )
