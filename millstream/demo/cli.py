@@ -258,14 +258,12 @@ def run_demo(
     if closed is None:  # drained() saw window_counter's watermark: only a wiped Redis gets here
         raise RuntimeError(f"window_counter of {app} has no published watermark in Redis")
     closed_before = closed.event
-    window_sources = read_settled(bootstrap, topics["window_topic"])
-    windows = [r.value for r in window_sources if r.value]
+    window_records = read_settled(bootstrap, topics["window_topic"])
+    windows = [r.value for r in window_records if r.value]
     anomalies = [r.value for r in read_settled(bootstrap, topics["anomaly_topic"]) if r.value]
     stages = {stage: committed_counters(client, app, stage, opts.shards) for stage in STAGES}
     counters = stages["window_counter"]
-    verdict = verify(
-        plan, start_wall, windows, anomalies, counters, closed_before, stages, window_sources
-    )
+    verdict = verify(plan, start_wall, window_records, anomalies, counters, closed_before, stages)
 
     window_latency = [
         (seen - (w + WINDOW_MS)) / 1000 for (_, w), seen in watcher.first_seen.items()

@@ -101,12 +101,11 @@ def doubled_example(records: Sequence[CommittedRecord]) -> str:
 def verify(
     plan: Plan,
     start_wall_ms: int,
-    window_records: list[bytes],
+    window_records: Sequence[CommittedRecord],
     anomaly_records: list[bytes],
     counters: dict[str, int],
     closed_before_ms: int,
     stages: dict[str, dict[str, int]] | None = None,
-    window_sources: Sequence[CommittedRecord] = (),
 ) -> Verdict:
     """Compare sink outputs (as a read_committed reader sees them) with the ground truth.
 
@@ -115,21 +114,24 @@ def verify(
     `stages`: every computation's committed counters, first stage first: only the first
     stage may see late records (the generator's), no stage dead-letters anything (the
     generator sends no bad input), and the second stage consumes every window count.
-    `window_sources`: the window records as read, to say where a doubled window sits.
+    `window_records`: the window topic as read, with each record's place and production id, so
+    that a doubled window says where its copies sit.
     """
     verdict = Verdict()
     truth = window_truth(plan, start_wall_ms)
     seen: Counter[tuple[str, int]] = Counter()
     observed: dict[tuple[str, int], int] = {}
-    for raw in window_records:
-        item = json.loads(raw)
+    for record in window_records:
+        if not record.value:
+            continue
+        item = json.loads(record.value)
         seen[(item["key"], item["start"])] += 1
         observed[(item["key"], item["start"])] = item["result"]
     doubled = [k for k, n in seen.items() if n > 1]
     verdict.add(
         "no window count emitted twice",
         not doubled,
-        f"{len(doubled)} windows appear more than once; {doubled_example(window_sources)}"
+        f"{len(doubled)} windows appear more than once; {doubled_example(window_records)}"
         if doubled
         else f"{len(seen)} windows, each once",
     )

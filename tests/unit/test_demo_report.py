@@ -115,9 +115,9 @@ def test_an_episode_counts_as_reported_on_the_window_of_its_first_records() -> N
 
 
 def test_a_doubled_window_says_if_one_production_was_delivered_twice() -> None:
-    """Seen in 2 of 11 runs of `millstream demo --duration 30` on changes that did not land (0 of
-    10 on main): the copies' ids say whether to look at the delivery (the same production twice)
-    or at state and timers."""
+    """Seen in 1 of 34 runs of `millstream demo --duration 30` on main (and 2 of 11 on changes that
+    did not land): the copies' ids say whether to look at the delivery (the same production
+    twice) or at state and timers."""
     from millstream.demo.verify import doubled_example
     from millstream.testing.committed_reader import CommittedRecord
 
