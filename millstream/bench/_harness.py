@@ -367,8 +367,9 @@ class BatchProfile(threading.Thread):
 
     Polls each computation's `last_batch` (`seconds`) and the application's `fused` hash (the
     fused query's batch: its `rows` and `phases`: read, one per computation, deliver_ack) four
-    times a second, keeping each batch once (by batch id). A batch shorter than the poll
-    interval may be missed; the summary says how many were seen.
+    times a second, keeping each batch once (by batch id) with when it was first seen
+    (`seen_ms`, wall clock). A batch shorter than the poll interval may be missed; the summary
+    says how many were seen.
     """
 
     def __init__(
@@ -406,7 +407,10 @@ class BatchProfile(threading.Thread):
                         continue
                     batch = json.loads(raw)
                     if "batch_id" in batch:
-                        self.batches.setdefault(name, {})[int(batch["batch_id"])] = batch
+                        seen = self.batches.setdefault(name, {})
+                        first = seen.get(int(batch["batch_id"]), {}).get("seen_ms")
+                        batch["seen_ms"] = first or int(time.time() * 1000)
+                        seen[int(batch["batch_id"])] = batch
             self._halt.wait(self.interval)
 
     def summary(self) -> dict[str, Any]:

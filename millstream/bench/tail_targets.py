@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from millstream.bench._broker_load import over_time_line
+
 Entry = Callable[..., dict[str, Any]]
 
 RATES = ("1000", "5000")  # keys of the latency scenario's per-rate figures
@@ -150,6 +152,8 @@ def watermark_tail_targets(
         )
         + "."
     )
+    if run.get("over_time"):
+        context += " The run " + over_time_line(run, STAGES[0]) + "."
     out = []
     for name, goal, key in names:
         values = [stages.get(s, {}).get(key) for s in STAGES]

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from millstream.bench._broker_load import CpuSeries, listening_pid, over_time_line, per_window
 from millstream.bench._harness import (
     PROGRESS_FILE,
     BatchProfile,
@@ -41,6 +42,7 @@ from millstream.demo.observe import WatermarkSampler
 
 NAME = "watermarks"
 SKIP_S = 5.0  # the first seconds of traffic: stages are still catching up with the start
+WINDOW_S = 10.0  # the run's figures over time are given per this many seconds of traffic
 IDLE_SLACK_MS = 500  # MILLSTREAM_IDLE_SLACK_MS of the run (issue #16)
 
 
@@ -118,9 +120,13 @@ def _measure(bench: Bench, rate: float, seconds: float, driver_read: str) -> dic
             timeout=900,
         )
         producer = RateProducer(bench.kafka, topic, rate, seconds)
+        broker_pid = listening_pid(bench.bootstrap)
+        broker = CpuSeries(broker_pid) if broker_pid is not None else None
         sampler.start()
         profile.start()
         producer.start()
+        if broker is not None:
+            broker.start()
         while producer.is_alive():
             if not process.alive():
                 raise RuntimeError(f"pipeline exited; log {process.log_path}:\n{process.tail()}")
@@ -128,6 +134,8 @@ def _measure(bench: Bench, rate: float, seconds: float, driver_read: str) -> dic
         time.sleep(5)  # the tail: watermarks catch up after the last event
         sampler.stop()
         profile.stop()
+        if broker is not None:
+            broker.stop()
         peak = process.peak_rss_mb
         by_process = process.peak_rss_by_process_mb
         restarts = process.restarts
@@ -158,10 +166,54 @@ def _measure(bench: Bench, rate: float, seconds: float, driver_read: str) -> dic
         "profile": profile.summary(),
         "spark": spark_progress(folder / PROGRESS_FILE, f"{app}.", start_ms),
         "samples": sampler.samples,
+        "over_time": over_time(
+            sampler.samples,
+            profile.batches.get("#fused", {}),
+            broker.samples if broker is not None else None,
+            start_ms,
+            start_ms + int(seconds * 1000),
+        ),
         "traffic_start_ms": start_ms,
         "peak_rss_mb": peak,
         "peak_rss_by_process_mb": by_process,
         "query_restarts": restarts,
+    }
+
+
+def over_time(
+    samples: list[dict[str, Any]],
+    fused: dict[int, dict[str, Any]],
+    broker: list[tuple[int, float]] | None,
+    start_ms: int,
+    end_ms: int,
+) -> dict[str, Any]:
+    """Per WINDOW_S of traffic: stage 1's median lag, the driver read's and stage 1's shards'
+    p50 over the batches with input, and the broker process's CPU (None when the broker does
+    not run on this machine). A lag that grows while the shards' time stays flat and the read's
+    grows with the broker's CPU is the broker slowing down (see `_broker_load`)."""
+    stage = THREE_STAGES[0]
+    busy = [b for b in fused.values() if (b.get("rows") or 0) > 0 and "seen_ms" in b]
+
+    def phase(name: str) -> list[tuple[int, float]]:
+        return [
+            (int(b["seen_ms"]), float(b["phases"][name]))
+            for b in busy
+            if isinstance((b.get("phases") or {}).get(name), int | float)
+        ]
+
+    lags = [(int(s["t"]), s[stage] / 1000) for s in samples if s.get(stage) is not None]
+    return {
+        "window_s": WINDOW_S,
+        "lag_median_s": per_window(lags, start_ms, end_ms, WINDOW_S, statistics.median),
+        "read_p50_s": per_window(phase("read"), start_ms, end_ms, WINDOW_S, statistics.median),
+        "shards_p50_s": per_window(
+            phase(f"{stage}:shards"), start_ms, end_ms, WINDOW_S, statistics.median
+        ),
+        "broker_cores": (
+            None
+            if broker is None
+            else per_window(broker, start_ms, end_ms, WINDOW_S, statistics.fmean)
+        ),
     }
 
 
@@ -226,6 +278,7 @@ def run(bench: Bench) -> dict[str, Any]:
         if not run["caught_up"]:
             memory += "; not caught up 5 s after the traffic"
         memory += "\n  " + profile_line(run["profile"])
+        memory += "\n  " + over_time_line(run, THREE_STAGES[0])
         memory += "\n  " + trigger_line(run["spark"])
     print(f"  {memory}\n", flush=True)
     table += "\n" + memory
