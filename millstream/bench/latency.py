@@ -27,11 +27,13 @@ window (it closes only when the next phase's data arrives, for Quix).
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from millstream.bench._broker_load import CpuSeries, listening_pid, per_window
 from millstream.bench._harness import (
     PROGRESS_FILE,
     BatchProfile,
@@ -71,6 +73,9 @@ class Phase:
     start_ms: int
     end_ms: int
     sent: int
+    # The broker process's mean CPU over the phase, when it runs on this machine: a broker that
+    # slows as its partitions grow (the embedded one, `_broker_load`) shows here.
+    broker_cores: float | None = None
 
     def holds_send(self, sent_ms: int) -> bool:
         return self.start_ms + WARMUP_MS <= sent_ms <= self.end_ms
@@ -82,6 +87,10 @@ class Phase:
 def play(bench: Bench, topic: str, process: Process) -> list[Phase]:
     """Each rate for `bench.rate_seconds`, then a pause so the phases do not overlap."""
     phases = []
+    pid = listening_pid(bench.bootstrap)
+    broker = CpuSeries(pid) if pid is not None else None
+    if broker is not None:
+        broker.start()
     for rate in bench.rates:
         say(f"{NAME}: {rate:.0f} events/s for {bench.rate_seconds:.0f}s into {topic}")
         producer = RateProducer(bench.kafka, topic, rate, bench.rate_seconds)
@@ -93,9 +102,34 @@ def play(bench: Bench, topic: str, process: Process) -> list[Phase]:
             producer.join(0.5)
         if producer.error is not None:
             raise RuntimeError(f"rate producer failed: {producer.error}")
-        phases.append(Phase(rate, producer.started_ms, int(time.time() * 1000), producer.sent))
+        start, end = producer.started_ms, int(time.time() * 1000)
+        cores = (
+            per_window(broker.samples, start, end, (end - start) / 1000, statistics.fmean)[0]
+            if broker is not None and end > start
+            else None
+        )
+        phases.append(Phase(rate, start, end, producer.sent, cores))
         time.sleep(PAUSE_S)
+    if broker is not None:
+        broker.stop()
     return phases
+
+
+def broker_line(systems: dict[str, list[dict[str, Any]]]) -> str:
+    """The broker's mean CPU during each system's rate phases, in one line."""
+    parts = [
+        f"{name} "
+        + ", ".join(
+            f"{p['rate']:.0f}/s {p['broker_cores']}"
+            for p in phases
+            if p.get("broker_cores") is not None
+        )
+        for name, phases in systems.items()
+        if any(p.get("broker_cores") is not None for p in phases)
+    ]
+    if not parts:
+        return "broker CPU: not sampled (the broker is not on this machine)"
+    return "broker process CPU (cores, mean over each phase): " + "; ".join(parts)
 
 
 def _phase_of(phases: list[Phase], test: str, value: int) -> Phase | None:
@@ -465,6 +499,15 @@ def run(bench: Bench) -> dict[str, Any]:
     memory += (
         f"\npeak RSS: Spark floor {floor['peak_rss_mb']} MB, Quix {quix['peak_rss_mb']} MB; "
         f"query restarts: floor {floor['query_restarts']}"
+    )
+    memory += "\n" + broker_line(
+        {
+            "millstream exactly-once": mill["phases"],
+            "exactly_once=False": mill["no_eo_phases"],
+            "window counter": mill["window_phases"],
+            "Spark floor": floor["phases"],
+            "Quix Streams": quix["phases"],
+        }
     )
     print(f"  {memory}\n", flush=True)
     table += "\n" + memory

@@ -123,12 +123,26 @@ def latency_tail_targets(
             None if p50 is None or not floor_p50 else p50 / floor_p50,
             None,
             f"exactly-once record p50 {_s(p50)} against the Spark foreachBatch floor's "
-            f"{_s(floor_p50)} at 5,000 events/s, same run.",
+            f"{_s(floor_p50)} at 5,000 events/s, same run."
+            + _broker_during(mill.get("phases"), (floor or {}).get("phases"), 5000.0),
             p50_s=p50,
             floor_p50_s=floor_p50,
         )
     )
     return out
+
+
+def _broker_during(mine: Any, floors: Any, rate: float) -> str:
+    """The broker's CPU during the millstream and floor phases at `rate`, when sampled."""
+
+    def cores(phases: Any) -> float | None:
+        found = [p.get("broker_cores") for p in phases or [] if p.get("rate") == rate]
+        return found[0] if found else None
+
+    a, b = cores(mine), cores(floors)
+    if a is None or b is None:
+        return ""
+    return f" The broker process's CPU over the phase: {a} cores (millstream), {b} (floor)."
 
 
 def watermark_tail_targets(

@@ -68,3 +68,26 @@ def test_over_time_lines_up_lag_read_shards_and_broker_per_window() -> None:
     remote = over_time(samples, fused, None, start, start + 30_000)
     assert remote["broker_cores"] is None
     assert "not sampled" in over_time_line({"over_time": remote}, "window_counter")
+
+
+def test_latency_reports_the_brokers_cpu_per_phase_of_each_system() -> None:
+    from millstream.bench.latency import Phase, broker_line
+    from millstream.bench.tail_targets import _broker_during
+
+    mine = [
+        Phase(1000.0, 0, 30_000, 30_000, 0.3).__dict__,
+        Phase(5000.0, 33_000, 63_000, 150_000, 0.9).__dict__,
+    ]
+    floor = [
+        Phase(1000.0, 0, 30_000, 30_000, 0.2).__dict__,
+        Phase(5000.0, 33_000, 63_000, 150_000, 0.7).__dict__,
+    ]
+    assert Phase(**mine[1]).broker_cores == 0.9  # the JSON form reads back
+    line = broker_line({"millstream exactly-once": mine, "Spark floor": floor})
+    assert (
+        "millstream exactly-once 1000/s 0.3, 5000/s 0.9; Spark floor 1000/s 0.2, 5000/s 0.7" in line
+    )
+    assert "0.9 cores (millstream), 0.7 (floor)" in _broker_during(mine, floor, 5000.0)
+    remote = [Phase(5000.0, 0, 1, 1).__dict__]
+    assert "not sampled" in broker_line({"millstream exactly-once": remote})
+    assert _broker_during(remote, floor, 5000.0) == ""
