@@ -91,28 +91,37 @@ def play(bench: Bench, topic: str, process: Process) -> list[Phase]:
     broker = CpuSeries(pid) if pid is not None else None
     if broker is not None:
         broker.start()
-    for rate in bench.rates:
-        say(f"{NAME}: {rate:.0f} events/s for {bench.rate_seconds:.0f}s into {topic}")
-        producer = RateProducer(bench.kafka, topic, rate, bench.rate_seconds)
-        producer.start()
-        while producer.is_alive():
-            if not process.alive():
-                producer.stop()
-                raise RuntimeError(f"pipeline exited; log {process.log_path}:\n{process.tail()}")
-            producer.join(0.5)
-        if producer.error is not None:
-            raise RuntimeError(f"rate producer failed: {producer.error}")
-        start, end = producer.started_ms, int(time.time() * 1000)
-        cores = (
-            per_window(broker.samples, start, end, (end - start) / 1000, statistics.fmean)[0]
-            if broker is not None and end > start
-            else None
-        )
-        phases.append(Phase(rate, start, end, producer.sent, cores))
-        time.sleep(PAUSE_S)
-    if broker is not None:
-        broker.stop()
+    try:
+        for rate in bench.rates:
+            phases.append(_phase(bench, topic, process, rate, broker))
+            time.sleep(PAUSE_S)
+    finally:
+        if broker is not None:
+            broker.stop()
     return phases
+
+
+def _phase(
+    bench: Bench, topic: str, process: Process, rate: float, broker: CpuSeries | None
+) -> Phase:
+    """One rate for `bench.rate_seconds`, with the broker's mean CPU over it when sampled."""
+    say(f"{NAME}: {rate:.0f} events/s for {bench.rate_seconds:.0f}s into {topic}")
+    producer = RateProducer(bench.kafka, topic, rate, bench.rate_seconds)
+    producer.start()
+    while producer.is_alive():
+        if not process.alive():
+            producer.stop()
+            raise RuntimeError(f"pipeline exited; log {process.log_path}:\n{process.tail()}")
+        producer.join(0.5)
+    if producer.error is not None:
+        raise RuntimeError(f"rate producer failed: {producer.error}")
+    start, end = producer.started_ms, int(time.time() * 1000)
+    cores = (
+        per_window(broker.samples, start, end, (end - start) / 1000, statistics.fmean)[0]
+        if broker is not None and end > start
+        else None
+    )
+    return Phase(rate, start, end, producer.sent, cores)
 
 
 def broker_line(systems: dict[str, list[dict[str, Any]]]) -> str:

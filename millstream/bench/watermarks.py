@@ -127,15 +127,19 @@ def _measure(bench: Bench, rate: float, seconds: float, driver_read: str) -> dic
         producer.start()
         if broker is not None:
             broker.start()
-        while producer.is_alive():
-            if not process.alive():
-                raise RuntimeError(f"pipeline exited; log {process.log_path}:\n{process.tail()}")
-            producer.join(0.5)
-        time.sleep(5)  # the tail: watermarks catch up after the last event
+        try:
+            while producer.is_alive():
+                if not process.alive():
+                    raise RuntimeError(
+                        f"pipeline exited; log {process.log_path}:\n{process.tail()}"
+                    )
+                producer.join(0.5)
+            time.sleep(5)  # the tail: watermarks catch up after the last event
+        finally:
+            if broker is not None:
+                broker.stop()
         sampler.stop()
         profile.stop()
-        if broker is not None:
-            broker.stop()
         peak = process.peak_rss_mb
         by_process = process.peak_rss_by_process_mb
         restarts = process.restarts
