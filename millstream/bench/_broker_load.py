@@ -7,8 +7,9 @@ a plain consumer reading a partition's new records every 0.2 s took 51 ms per re
 and 2 s after 35-40 s, while the broker's CPU rose from 0.2 to a whole core (README, the
 embedded broker's defects). Apache Kafka finds a fetch's offset by its index, whatever the
 partition's length. So the watermarks scenario samples the broker process's CPU beside the
-lag, and reports both per 10 s of traffic with the driver read's time: a run's lag read with
-the broker's load beside it.
+lag, and reports both per 10 s of traffic with the driver read's time, and the latency scenario
+gives the broker's mean CPU over each rate phase of each system: every lag and latency figure
+read with the broker's load beside it.
 """
 
 from __future__ import annotations
@@ -126,3 +127,20 @@ def over_time_line(found: dict[str, Any], stage: str) -> str:
         f"{stage} shards p50 s {fmt(series.get('shards_p50_s'))}; broker process CPU cores "
         + (fmt(broker) if broker else "not sampled (the broker is not on this machine)")
     )
+
+
+def broker_line(systems: dict[str, list[dict[str, Any]]]) -> str:
+    """The broker's mean CPU during each system's rate phases, in one line."""
+    parts = [
+        f"{name} "
+        + ", ".join(
+            f"{p['rate']:.0f}/s {p['broker_cores']}"
+            for p in phases
+            if p.get("broker_cores") is not None
+        )
+        for name, phases in systems.items()
+        if any(p.get("broker_cores") is not None for p in phases)
+    ]
+    if not parts:
+        return "broker CPU: not sampled (the broker is not on this machine)"
+    return "broker process CPU (cores, mean over each phase): " + "; ".join(parts)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from millstream.bench._broker_load import CpuSeries, listening_pid, per_window
+from millstream.bench._broker_load import CpuSeries, broker_line, listening_pid, per_window
 from millstream.bench._harness import (
     PROGRESS_FILE,
     BatchProfile,
@@ -122,23 +122,6 @@ def _phase(
         else None
     )
     return Phase(rate, start, end, producer.sent, cores)
-
-
-def broker_line(systems: dict[str, list[dict[str, Any]]]) -> str:
-    """The broker's mean CPU during each system's rate phases, in one line."""
-    parts = [
-        f"{name} "
-        + ", ".join(
-            f"{p['rate']:.0f}/s {p['broker_cores']}"
-            for p in phases
-            if p.get("broker_cores") is not None
-        )
-        for name, phases in systems.items()
-        if any(p.get("broker_cores") is not None for p in phases)
-    ]
-    if not parts:
-        return "broker CPU: not sampled (the broker is not on this machine)"
-    return "broker process CPU (cores, mean over each phase): " + "; ".join(parts)
 
 
 def _phase_of(phases: list[Phase], test: str, value: int) -> Phase | None:

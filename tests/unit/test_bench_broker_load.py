@@ -71,7 +71,8 @@ def test_over_time_lines_up_lag_read_shards_and_broker_per_window() -> None:
 
 
 def test_latency_reports_the_brokers_cpu_per_phase_of_each_system() -> None:
-    from millstream.bench.latency import Phase, broker_line
+    from millstream.bench._broker_load import broker_line
+    from millstream.bench.latency import Phase
     from millstream.bench.tail_targets import _broker_during
 
     mine = [
