@@ -19,9 +19,17 @@ How end offsets are learned, and why:
   25 ms wait costs at most 25 ms per probe of a caught-up partition) and long for the second
   (250 ms per such probe, only on strong evidence). The wait it escalated to is remembered in
   the application's Redis (hash
-  `ms:{app}:kafka-probe`, field = bootstrap servers): a restart starts there instead of
-  stalling ESCALATE_AFTER_S per injector again to learn the same broker's manner (measured on
-  the embedded broker: a 3 s stall per Kafka source in about a third of the starts).
+  `ms:{app}:probe-wait`, field = bootstrap servers): a restart starts there instead of
+  stalling ESCALATE_AFTER_S per injector again to learn the same broker's manner.
+* Most of what looked like dropped fetches was librdkafka's own pause: past
+  `queued.min.messages` queued records (100,000 by default) it stops fetching for
+  `fetch.queue.backoff.ms` (1 s by default), and a reused consumer keeps that pause into its
+  next assignment. A fetch of a pre-loaded topic brings whole producer batches (Apache Kafka
+  returns a first batch larger than the fetch size, up to 10,000 records of the bench's topic;
+  the embedded broker returned 37,000 records, 2.3 MB, for a 64 KB fetch size), so probes
+  took 1.0-1.7 s and escalated to 250 ms. The probe now queues at most
+  PROBE_QUEUE records and pauses QUEUE_BACKOFF_MS; levels remembered under the key's old name
+  (`:kafka-probe`), learned from that pause, are not read.
 * The probe reads `read_uncommitted` on purpose: under `read_committed` a fetch beyond the last
   stable offset returns neither records nor EOF while a transaction is open. On Apache Kafka the
   high watermark can therefore lie beyond the last stable offset; executors reading
@@ -76,6 +84,8 @@ ESCALATE_AFTER_S = (0.5, 2.0)
 # written by transactional producers are commit markers (one per transaction and producer).
 LOOKBACK = 16
 _wait_level = 0  # index into FETCH_WAITS_MS, for every probe of this process from then on
+PROBE_QUEUE = 1000  # records a probe's consumer queues before it stops fetching
+QUEUE_BACKOFF_MS = 10  # how soon it fetches again once its queue drained below that
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -153,7 +163,7 @@ class PartitionProbe:
             return 0
         try:
             raw = connect(self._options.redis_url).hget(
-                app_key(self._options.app, "kafka-probe"), self._options.bootstrap_servers
+                app_key(self._options.app, "probe-wait"), self._options.bootstrap_servers
             )
             level = int(raw or 0)
         except (redis.RedisError, ValueError):
@@ -165,7 +175,7 @@ class PartitionProbe:
             return
         try:
             connect(self._options.redis_url).hset(
-                app_key(self._options.app, "kafka-probe"),
+                app_key(self._options.app, "probe-wait"),
                 self._options.bootstrap_servers,
                 _wait_level,
             )
@@ -179,6 +189,9 @@ class PartitionProbe:
                     "isolation.level": "read_uncommitted",
                     "fetch.wait.max.ms": FETCH_WAITS_MS[_wait_level],
                     "max.partition.fetch.bytes": 65536,
+                    # A probe needs one event per partition; see the module docstring.
+                    "queued.min.messages": PROBE_QUEUE,
+                    "fetch.queue.backoff.ms": QUEUE_BACKOFF_MS,
                     "client.id": f"millstream-injector-probe-{self._options.stream}",
                 }
             )

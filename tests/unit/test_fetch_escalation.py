@@ -78,3 +78,38 @@ def test_reads_stalled_together_escalate_the_fetch_wait_one_step() -> None:
     assert [_kafka_read._level_of(key) for key, _ in out] == [1, 1]
     for _, consumer in out:
         consumer.close()
+
+
+def _built_config(monkeypatch: pytest.MonkeyPatch, module: Any, build: Any) -> dict[str, Any]:
+    """The librdkafka configuration `build()` creates its consumer from."""
+    seen: list[dict[str, Any]] = []
+
+    class Recorder:
+        def __init__(self, config: dict[str, Any]) -> None:
+            seen.append(config)
+
+    monkeypatch.setattr(module, "Consumer", Recorder)
+    build()
+    assert len(seen) == 1
+    return seen[0]
+
+
+@pytest.mark.parametrize("which", ["reader", "probe"])
+def test_consumers_never_queue_into_librdkafkas_one_second_fetch_pause(
+    monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    """Past `queued.min.messages` queued records librdkafka stops fetching for
+    `fetch.queue.backoff.ms` (100,000 and 1 s by default), and a warm consumer carries the
+    pause into its next assignment: over a pre-loaded topic a fifth of the driver's reads took
+    1 s and probes 1.0-1.7 s, each taken for a slow broker (benchmarks/consecutive_reads.py).
+    Both consumers queue about what one call takes and pause for milliseconds."""
+    monkeypatch.setattr(_kafka_read, "_IDLE", {})
+    if which == "reader":
+        config = _built_config(monkeypatch, _kafka_read, lambda: _kafka_read._consumer(OPTIONS))
+        largest_call = _kafka_read.CONSUME_CHUNK
+    else:
+        probe = _kafka_probe.PartitionProbe(OPTIONS)
+        config = _built_config(monkeypatch, _kafka_probe, probe._client)
+        largest_call = 1000  # _fetch_once takes up to 1000 events a call
+    assert config["queued.min.messages"] <= largest_call < 100_000
+    assert config["fetch.queue.backoff.ms"] <= 10
