@@ -98,7 +98,7 @@ def one_round(
     cpu0 = time.process_time()
     broker0 = cpu_seconds(broker) if broker is not None else 0.0
     started = time.monotonic()
-    for batch in range(max(ends) // per):
+    for batch in range(-(-max(ends) // per)):
         parts = [
             _kafka_read.KafkaRange(topic, p, batch * per, min(ends[p], (batch + 1) * per))
             for p in range(PARTITIONS)
