@@ -21,7 +21,7 @@ How end offsets are learned, and why:
   the application's Redis (hash
   `ms:{app}:probe-wait`, field = bootstrap servers): a restart starts there instead of
   stalling ESCALATE_AFTER_S per injector again to learn the same broker's manner.
-* Most of what looked like dropped fetches was librdkafka's own pause: past
+* Over a backlog, what looked like dropped fetches was librdkafka's own pause: past
   `queued.min.messages` queued records (100,000 by default) it stops fetching for
   `fetch.queue.backoff.ms` (1 s by default), and a reused consumer keeps that pause into its
   next assignment. A fetch of a pre-loaded topic brings whole producer batches (Apache Kafka
@@ -29,7 +29,12 @@ How end offsets are learned, and why:
   the embedded broker returned 37,000 records, 2.3 MB, for a 64 KB fetch size), so probes
   took 1.0-1.7 s and escalated to 250 ms. The probe now queues at most
   PROBE_QUEUE records and pauses QUEUE_BACKOFF_MS; levels remembered under the key's old name
-  (`:kafka-probe`), learned from that pause, are not read.
+  (`:kafka-probe`), learned from that pause, are not read. Under live traffic the embedded
+  broker still leaves fetches unanswered: in one case seen with librdkafka's fetch debug log, a
+  warm probe consumer sent about 100 fetches in 0.5 s for a partition at an offset whose
+  records existed (a reader had just read past it) and got nothing for that partition, while
+  the rebuilt consumer's first fetch at the same offset brought 281 records in 17 ms. There
+  the rebuild ended the stall, not the longer wait.
 * The probe reads `read_uncommitted` on purpose: under `read_committed` a fetch beyond the last
   stable offset returns neither records nor EOF while a transaction is open. On Apache Kafka the
   high watermark can therefore lie beyond the last stable offset; executors reading
