@@ -34,7 +34,10 @@ How end offsets are learned, and why:
   warm probe consumer sent about 100 fetches in 0.5 s for a partition at an offset whose
   records existed (a reader had just read past it) and got nothing for that partition, while
   the rebuilt consumer's first fetch at the same offset brought 281 records in 17 ms. There
-  the rebuild ended the stall, not the longer wait.
+  the rebuild ended the stall, not the longer wait. Rebuilding early is no general cure,
+  though: readers that rebuilt their consumer after 0.2 s of nothing (interleaved with readers
+  that did not, 3 x 60 s of live reads each, this module's probe and `_kafka_read`) had as
+  many slow reads (8-12 of ~170 at 0.3 s or more, against 4-16) and still escalated once.
 * The probe reads `read_uncommitted` on purpose: under `read_committed` a fetch beyond the last
   stable offset returns neither records nor EOF while a transaction is open. On Apache Kafka the
   high watermark can therefore lie beyond the last stable offset; executors reading
