@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from millstream.bench._broker_load import listening_pid
+from millstream.bench._broker_load import cpu_seconds, listening_pid
 from millstream.bench._workload import PARTITIONS, new_topic, preload
 from millstream.embedded import embedded_services
 from millstream.injectors import _kafka_probe, _kafka_read
@@ -58,13 +58,6 @@ def use(name: str) -> None:
     _kafka_probe.QUEUE_BACKOFF_MS = chosen["backoff_ms"]
     _kafka_read._wait_level = 0
     _kafka_probe._wait_level = 0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds the process `pid` has spent so far."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ends_of(options: KafkaInjectorOptions) -> list[int]:
@@ -96,7 +89,7 @@ def one_round(
     probes: list[float] = []
     rows = 0
     cpu0 = time.process_time()
-    broker0 = cpu_seconds(broker) if broker is not None else 0.0
+    broker0 = cpu_seconds(broker) if broker is not None else None
     started = time.monotonic()
     for batch in range(-(-max(ends) // per)):
         parts = [
@@ -113,7 +106,8 @@ def one_round(
         probes.append(time.monotonic() - t0)
     probe.close()
     pool.shutdown()
-    broker_s = cpu_seconds(broker) - broker0 if broker is not None else None
+    broker1 = cpu_seconds(broker) if broker is not None else None
+    broker_s = broker1 - broker0 if broker1 is not None and broker0 is not None else None
     return {
         "rows": rows,
         "wall_s": time.monotonic() - started,

@@ -66,7 +66,8 @@ def listening_pid(bootstrap: str) -> int | None:
     return None
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds the process `pid` has spent so far; None once it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -89,9 +90,9 @@ class CpuSeries(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        last = (time.monotonic(), _cpu_seconds(self.pid))
+        last = (time.monotonic(), cpu_seconds(self.pid))
         while not self._halt.wait(self.interval_s):
-            now, cpu = time.monotonic(), _cpu_seconds(self.pid)
+            now, cpu = time.monotonic(), cpu_seconds(self.pid)
             if cpu is None or last[1] is None:
                 return  # the process ended
             self.samples.append(
