@@ -24,20 +24,10 @@ How end offsets are learned, and why:
 * Over a backlog, what looked like dropped fetches was librdkafka's own pause: past
   `queued.min.messages` queued records (100,000 by default) it stops fetching for
   `fetch.queue.backoff.ms` (1 s by default), and a reused consumer keeps that pause into its
-  next assignment. A fetch of a pre-loaded topic brings whole producer batches (Apache Kafka
-  returns a first batch larger than the fetch size, up to 10,000 records of the bench's topic;
-  the embedded broker returned 37,000 records, 2.3 MB, for a 64 KB fetch size), so probes
-  took 1.0-1.7 s and escalated to 250 ms. The probe now queues at most
-  PROBE_QUEUE records and pauses QUEUE_BACKOFF_MS; levels remembered under the key's old name
-  (`:kafka-probe`), learned from that pause, are not read. Under live traffic the embedded
-  broker still leaves fetches unanswered: in one case seen with librdkafka's fetch debug log, a
-  warm probe consumer sent about 100 fetches in 0.5 s for a partition at an offset whose
-  records existed (a reader had just read past it) and got nothing for that partition, while
-  the rebuilt consumer's first fetch at the same offset brought 281 records in 17 ms. There
-  the rebuild ended the stall, not the longer wait. Rebuilding early is no general cure,
-  though: readers that rebuilt their consumer after 0.2 s of nothing (interleaved with readers
-  that did not, 3 x 60 s of live reads each, this module's probe and `_kafka_read`) had as
-  many slow reads (8-12 of ~170 at 0.3 s or more, against 4-16) and still escalated once.
+  next assignment; probes of a pre-loaded topic took 1.0-1.7 s and escalated to 250 ms. So the
+  probe queues at most PROBE_QUEUE records and pauses QUEUE_BACKOFF_MS, and levels remembered
+  under the key's old name (`:kafka-probe`) are not read. The fetches the embedded broker still
+  leaves unanswered under live traffic are in the README's section on its defects.
 * The probe reads `read_uncommitted` on purpose: under `read_committed` a fetch beyond the last
   stable offset returns neither records nor EOF while a transaction is open. On Apache Kafka the
   high watermark can therefore lie beyond the last stable offset; executors reading
