@@ -1,16 +1,19 @@
-"""The records a shard task applies: routed rows made records, and step 2, which are fresh.
+"""The records a shard task applies: step 2, which routed rows are fresh, and making them records.
 
 Records whose id is their Kafka position (`injectors/record_ids.py`) are decided by the shard's
 offset marks (`state/offset_marks.py`), the rest (and a partition without a mark) by the Bloom
-filter, then the catalog (`state/catalog.py`). docs/design.md section 4, step 2.
+filter, then the catalog (`state/catalog.py`). docs/design.md section 4, step 2. The verdicts
+need only each row's id and system time, so no `Record` is built here: an operator that reads
+records gets them built per key batch (`operator.KeyBatch`); a lifted built-in aggregation
+reads timestamps and values from the rows and never builds one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
 from millstream.connectors.formats import FormatError, ValueFormat, decode_with
 from millstream.connectors.key_runner import (
@@ -42,20 +45,87 @@ def header(headers: Iterable[Any] | None, name: str) -> bytes | None:
     return None
 
 
-def to_record(item: TaskInput, internal: frozenset[str]) -> Record:
-    """Internal streams carry the production's id and system time in headers; user code sees
-    the other headers only (`visible_headers`)."""
-    row = item.row
+def record_id(row: tuple, internal: frozenset[str]) -> tuple[bytes, int]:
+    """A row's record id and system time: an internal stream carries the production's in
+    headers, an injected one in its columns."""
     rid, system_time = row[ID], row[SYSTEM]
     if row[STREAM] in internal:
         rid = header(row[HEADERS], HEADER_ID) or rid
         system_time = decode_time_header(header(row[HEADERS], HEADER_SYSTEM_TIME)) or system_time
+    return rid, system_time
+
+
+def to_record(item: TaskInput, internal: frozenset[str]) -> Record:
+    """The record user code sees: headers without millstream's own (`visible_headers`)."""
+    row = item.row
+    rid, system_time = record_id(row, internal)
     # Positional, in Record's field order: a third cheaper than keywords, once per record.
     headers = visible_headers(row[HEADERS])
     return Record(
         item.key or "", row[VALUE] or b"", row[TS], rid, system_time, row[STREAM], False,
         headers, item.data,
     )  # fmt: skip
+
+
+class KeyRecords(Sequence[tuple[Record, tuple]]):
+    """A key's fresh records of a shard batch, in arrival order, as the operator's
+    `process_key` reads them: (record, routed row) pairs, each record built when first read
+    and kept. `timestamps` and `data` read the rows themselves, so an operator that needs no
+    more (a lifted built-in aggregation) builds no record; `records` may hold some built
+    already (a late record flagged)."""
+
+    __slots__ = ("_internal", "_items", "_records")
+
+    def __init__(
+        self,
+        items: list[TaskInput],
+        internal: frozenset[str],
+        records: Mapping[int, Record] | None = None,
+    ) -> None:
+        self._items = items
+        self._internal = internal
+        self._records: list[Record | None] = [None] * len(items)
+        for index, record in (records or {}).items():
+            self._records[index] = record
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[Record, tuple]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[Record, tuple]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._items)))]
+        record = self._records[index]
+        item = self._items[index]
+        if record is None:
+            record = self._records[index] = to_record(item, self._internal)
+        return record, item.row
+
+    def __iter__(self) -> Iterator[tuple[Record, tuple]]:
+        for index in range(len(self._items)):
+            yield self[index]
+
+    def rows(self) -> list[tuple]:
+        return [item.row for item in self._items]
+
+    def timestamps(self) -> list[int]:
+        """Each record's event time (`Record.timestamp`), read from its row."""
+        built = self._records
+        return [
+            item.row[TS] if record is None else record.timestamp
+            for item, record in zip(self._items, built, strict=True)
+        ]
+
+    def data(self, index: int) -> Any:
+        """The record's value as its stream's format decoded it (`Record.data`), or None."""
+        return self._items[index].data
+
+    def value(self, index: int) -> bytes:
+        """The record's raw value (`Record.value`)."""
+        return self._items[index].row[VALUE] or b""
 
 
 def format_error(row: tuple, exc: FormatError) -> str:
@@ -92,10 +162,12 @@ def _position(row: tuple) -> bytes:
     return f"{row[SOURCE]}:{row[PARTITION]}:{row[OFFSET]}".encode()
 
 
-# A fresh record: its routed input, the record, the position it was delivered from and its
-# id's digest (what the catalog remembers of it, hashed once for the verdict and the write).
-# A record whose id is its Kafka position has neither (b""): the offset marks remember it.
-Fresh = tuple[TaskInput, Record, bytes, bytes]
+# A fresh record: its routed input, its id and system time, the position it was delivered
+# from and its id's digest (what the catalog remembers of it, hashed once for the verdict and
+# the write). A record whose id is its Kafka position has neither position nor digest (b""):
+# the offset marks remember it.
+Fresh = tuple[TaskInput, bytes, int, bytes, bytes]
+FRESH_ITEM, FRESH_ID, FRESH_SYSTEM, FRESH_POSITION, FRESH_DIGEST = range(5)
 
 
 def dedup(
@@ -104,12 +176,16 @@ def dedup(
     """2. The records not applied before: those whose id is their Kafka position by the
     shard's offset marks, the others (and those of a partition without a mark) by the Bloom
     filter, then the catalog."""
-    records = [to_record(i, plan.internal_inputs) for i in items]
+    internal = plan.internal_inputs
+    if internal:
+        ids = [record_id(i.row, internal) for i in items]
+    else:  # injected streams only: the columns hold them
+        ids = [(i.row[ID], i.row[SYSTEM]) for i in items]
     if not spec.options.exactly_once:
         # No dedup at all (docs/design.md section 4, step 2): no mark moved, no catalog entry.
-        return [(i, r, b"", b"") for i, r in zip(items, records, strict=True)]
-    verdicts: list[Verdict | None] = [None] * len(records)
-    runs = offset_runs(items, records)
+        return [(i, rid, t, b"", b"") for i, (rid, t) in zip(items, ids, strict=True)]
+    verdicts: list[Verdict | None] = [None] * len(items)
+    runs = offset_runs(items, ids)
     if runs:
         found = store.dedup_by_offset([run for _, run in runs], plan.gc_watermark)
         indexes = [i for run_indexes, _ in runs for i in run_indexes]
@@ -117,14 +193,14 @@ def dedup(
             if verdict is not None:
                 verdicts[index] = verdict
     rest = [i for i, v in enumerate(verdicts) if v is None]
-    positions = [b""] * len(records)
-    digests = [b""] * len(records)
+    positions = [b""] * len(items)
+    digests = [b""] * len(items)
     for index in rest:
         positions[index] = _position(items[index].row)
-        digests[index] = id_digest(records[index].id)
+        digests[index] = id_digest(ids[index][0])
     if rest:
         looked_up = store.dedup(
-            [(records[i].id, records[i].system_time, positions[i]) for i in rest],
+            [(ids[i][0], ids[i][1], positions[i]) for i in rest],
             plan.gc_watermark,
             [digests[i] for i in rest],
         )
@@ -132,17 +208,20 @@ def dedup(
             verdicts[index] = verdict
     new = Verdict.NEW
     return [
-        (i, r, p, d)
-        for i, r, p, d, v in zip(items, records, positions, digests, verdicts, strict=True)
+        (i, rid, t, p, d)
+        for i, (rid, t), p, d, v in zip(items, ids, positions, digests, verdicts, strict=True)
         if v is None or v is new
     ]
 
 
-def offset_runs(items: list[TaskInput], records: list[Record]) -> list[tuple[list[int], Run]]:
+def offset_runs(
+    items: list[TaskInput], ids: list[tuple[bytes, int]]
+) -> list[tuple[list[int], Run]]:
     """The records whose ids are their Kafka position (`record_ids.is_position`), one run per
-    stream and partition in offset order, with their indexes in `items`."""
+    stream and partition in offset order, with their indexes in `items`. `ids`: each item's
+    (record id, system time)."""
     by_partition: dict[tuple[Any, Any, Any], tuple[bytes | None, list[int], Run]] = {}
-    for index, (item, record) in enumerate(zip(items, records, strict=True)):
+    for index, (item, (rid, system_time)) in enumerate(zip(items, ids, strict=True)):
         row = item.row
         where = (row[STREAM], row[SOURCE], row[PARTITION])
         entry = by_partition.get(where)
@@ -150,15 +229,15 @@ def offset_runs(items: list[TaskInput], records: list[Record]) -> list[tuple[lis
             prefix = partition_prefix(row[SOURCE], row[PARTITION])
             entry = by_partition[where] = (prefix, [], (prefix or b"", [], [], []))
         prefix = entry[0]
-        if prefix is None or not is_position(record.id, prefix, row[OFFSET]):
+        if prefix is None or not is_position(rid, prefix, row[OFFSET]):
             continue
         entry[1].append(index)
         _, offsets, keys, times = entry[2]
         offsets.append(row[OFFSET])
         # the key routing placed it by (`routing.route`; a row without one by its id), which
         # a mark inherited from a rescale is qualified by
-        keys.append(item.key if item.key is not None else record.id.hex())
-        times.append(record.system_time)
+        keys.append(item.key if item.key is not None else rid.hex())
+        times.append(system_time)
     runs = []
     for _, indexes, run in by_partition.values():
         if not indexes:

@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from millstream.connectors.delivery import deliver_all
-from millstream.connectors.fresh_records import Fresh, decode_inputs, dedup
+from millstream.connectors.fresh_records import Fresh, KeyRecords, decode_inputs, dedup, to_record
 from millstream.connectors.key_runner import ERROR as ERROR
 from millstream.connectors.key_runner import KEY as KEY
 from millstream.connectors.key_runner import (
@@ -27,6 +27,7 @@ from millstream.connectors.key_runner import (
     PARTITION,
     SOURCE,
     STREAM,
+    TS,
     KeyRunner,
     rejected,
 )
@@ -108,7 +109,7 @@ def _run_once(
     pending = acquire(store)
     _note_positions(result, items, plan.internal_inputs)
     fresh = dedup(plan, spec, store, items)
-    keys_needed = list(dict.fromkeys(r.key for i, r, _, _ in fresh if i.error is None))
+    keys_needed = list(dict.fromkeys(f[0].key or "" for f in fresh if f[0].error is None))
     start = plan.input_watermark.event
     end = start if plan.end_watermark is None else max(start, plan.end_watermark.event)
     states, due = store.load(keys_needed, end, plan.now)
@@ -204,23 +205,33 @@ def fire_timers_at_end(
 def run_records(operator: Operator, runner: KeyRunner, fresh: list[Fresh]) -> None:
     """4. The fresh records: bad input becomes dead letters, records the operator finds
     expired are counted late (then dropped, flagged or dead-lettered: the `late` option), and
-    the rest go to the operator a key at a time, in arrival order per key."""
+    the rest go to the operator a key at a time, in arrival order per key (`KeyRecords`: a
+    record is built only where something reads it)."""
     plan = runner.plan
     wm = plan.input_watermark.event
-    by_key: dict[str, list[tuple[Record, tuple]]] = {}
-    for item, record, _, _ in fresh:
-        error = item.error if item.error is not None else rejected(plan, item.row)
+    internal = plan.internal_inputs
+    by_key: dict[str, list[TaskInput]] = {}
+    built: dict[str, dict[int, Record]] = {}  # records made already: behind the watermark
+    for entry in fresh:
+        item = entry[0]
+        row = item.row
+        key = item.key or ""
+        error = item.error if item.error is not None else rejected(plan, row)
         if error is not None:
-            runner.dead_letter(record.key, error, item.row)
+            runner.dead_letter(key, error, row)
             continue
-        if record.timestamp is not None and record.timestamp < wm and operator.expired(record, wm):
-            flagged = runner.late(record, item.row, wm)
-            if flagged is None:
-                continue
-            record = flagged
-        by_key.setdefault(record.key, []).append((record, item.row))
-    for key, batch in by_key.items():
-        operator.process_key(runner, key, batch)
+        timestamp = row[TS]
+        if timestamp is not None and timestamp < wm:
+            record = to_record(item, internal)
+            if operator.expired(record, wm):
+                flagged = runner.late(record, row, wm)
+                if flagged is None:
+                    continue
+                record = flagged
+            built.setdefault(key, {})[len(by_key.get(key, ()))] = record
+        by_key.setdefault(key, []).append(item)
+    for key, items in by_key.items():
+        operator.process_key(runner, key, KeyRecords(items, internal, built.get(key)))
 
 
 def deliver_weak(
@@ -252,7 +263,7 @@ def commit(
     """5. One guarded commit: state, timers, record ids, checkpoints and counters, or nothing
     (FencedError when a newer owner holds the lease)."""
     bucket_of = store.bucket_of
-    txn.add_digests([(bucket_of(r.system_time), d, where) for _, r, where, d in fresh if d])
+    txn.add_digests([(bucket_of(t), d, where) for _, _, t, where, d in fresh if d])
     marks, expired = store.offset_marks.writes(gc_watermark)
     if marks or expired:
         txn.move_offset_marks(marks, expired)

@@ -8,14 +8,16 @@ until `end + allowed_lateness_ms` (the same timer, moved) so that a late record 
 updates the window and re-emits it with `"update": true`. A record whose every window is past
 its allowed lateness is late (`expired`): counted, then dropped or dead-lettered.
 
-Lifted (the default): a key's records of a batch are folded into one partial accumulator per
-window first (`Combiner.add`), then each partial is merged into the stored accumulator once
-(`Combiner.merge`): one state decode and encode and one timer write per key and window per
-batch, instead of one per record. The records' ids still enter the catalog in the same commit
-as the merged effect (`shard_task.commit`), so a replayed batch folds nothing twice. Unlifted
-(`lift=False`) runs the same merge once per record. Should a lifted call fail (a user
-combiner raising), the key's batch runs unlifted, so only the records that fail become dead
-letters.
+Lifted (the default): a key's records of a batch are grouped by window and each window's
+values folded into one partial accumulator first (`Combiner.add_all`), then each partial is
+merged into the stored accumulator once (`Combiner.merge`): one state decode and encode and
+one timer write per key and window per batch, instead of one per record. A built-in that
+reads only the record's value (`Combiner.from_value`) takes timestamps and values from the
+batch's rows (`KeyRecords`), with no `Record` built. The records' ids still enter the catalog
+in the same commit as the merged effect (`shard_task.commit`), so a replayed batch folds
+nothing twice. Unlifted (`lift=False`) runs the same merge once per record. Should a lifted
+call fail (a user combiner raising), the key's batch runs unlifted, so only the records that
+fail become dead letters.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from millstream.connectors.combiners import Combiner
+from millstream.connectors.fresh_records import KeyRecords
 from millstream.connectors.operator import KeyBatch, Operator
-from millstream.connectors.windows import Window, WindowKind, merge_overlapping
+from millstream.connectors.windows import Tumbling, Window, WindowKind, merge_overlapping
 from millstream.records import Record, Timer
 
 if TYPE_CHECKING:
@@ -72,33 +75,27 @@ class WindowOperator(Operator):
         return self.window.last_end(record.timestamp) + self.allowed_lateness_ms <= watermark
 
     def process_key(self, runner: KeyRunner, key: str, batch: KeyBatch) -> None:
-        good: list[tuple[Record, tuple, Any]] = []
-        for record, row in batch:
-            try:
-                value = self.combiner.extract(record)
-            except Exception as exc:  # bad input: this record alone is a dead letter
-                runner.dead_letter(key, f"window: {type(exc).__name__}: {exc}", row)
-                continue
-            good.append((record, row, value))
-        if not good:
+        timestamps, values, indexes = self._values(runner, key, batch)
+        if not indexes:
             return
         watermark = runner.low_watermark
         if self.lift:
-            cause = min((r for r, _, _ in good), key=lambda r: r.timestamp)
+            first = min(range(len(indexes)), key=timestamps.__getitem__)
+            cause = batch[indexes[first]][0]  # the earliest: productions stamped at or after it
 
             def fold_and_merge(ctx: Context, _: Any) -> None:
-                partials: Partials = {}
-                for record, _row, value in good:
-                    self._fold(partials, record.timestamp, value, watermark)
-                self._merge(ctx, partials, watermark)
+                self._merge(ctx, self._fold_all(timestamps, values, watermark), watermark)
 
             outcome = runner.call(key, fold_and_merge, cause)
             if not isinstance(outcome, Exception):
                 runner.apply(key, outcome)
-                runner.count("records", len(good))
+                runner.count("records", len(indexes))
                 runner.count("window_partials", 1)
                 return
-        for record, row, value in good:  # unlifted, or a lifted call that failed
+        # unlifted, or a lifted call that failed: each record on its own
+        for position, index in enumerate(indexes):
+            record, row = batch[index]
+            value = 1 if values is None else values[position]
 
             def merge_one(ctx: Context, rec: Record, value: Any = value) -> None:
                 partials: Partials = {}
@@ -106,6 +103,35 @@ class WindowOperator(Operator):
                 self._merge(ctx, partials, watermark)
 
             runner.run_record(key, merge_one, record, row)
+
+    def _values(
+        self, runner: KeyRunner, key: str, batch: KeyBatch
+    ) -> tuple[list[int], list[Any] | None, list[int]]:
+        """The timestamps and values the combiner adds (None: a count, whose values are all 1)
+        of the batch's records it can read, and their indexes in `batch`; a record whose value
+        it cannot read is a dead letter. Read from the rows where the combiner needs only the
+        value (`KeyRecords`, `Combiner.from_value`), else from the records."""
+        combiner = self.combiner
+        rows = batch if isinstance(batch, KeyRecords) and combiner.from_value else None
+        timestamps = rows.timestamps() if rows is not None else [r.timestamp for r, _ in batch]
+        if not combiner.reads_value:
+            return timestamps, None, list(range(len(timestamps)))
+        values: list[Any] = []
+        kept: list[int] = []
+        for index in range(len(timestamps)):
+            try:
+                if rows is not None:
+                    value = combiner.value_of(rows.data(index), rows.value(index))
+                else:
+                    value = combiner.extract(batch[index][0])
+            except Exception as exc:  # bad input: this record alone is a dead letter
+                runner.dead_letter(key, f"window: {type(exc).__name__}: {exc}", batch[index][1])
+                continue
+            values.append(value)
+            kept.append(index)
+        if len(kept) < len(timestamps):
+            timestamps = [timestamps[i] for i in kept]
+        return timestamps, values, kept
 
     def process_timer(self, runner: KeyRunner, timer: Timer) -> None:
         runner.run_timer(self._on_timer, timer)
@@ -133,6 +159,37 @@ class WindowOperator(Operator):
         runner.count("timers_fired", len(timers))
 
     # --- the aggregation ---------------------------------------------------------------------
+    def _fold_all(
+        self, timestamps: Sequence[int], values: Sequence[Any] | None, watermark: int
+    ) -> Partials:
+        """A key's batch as one partial per window still accepting records: each window's
+        values in arrival order (`values` None: a count, which reads how many), added at once
+        (`Combiner.add_all`), as `_fold` record by record would."""
+        added: Sequence[Any] = timestamps if values is None else values
+        groups: dict[Window, list[Any]] = {}
+        window = self.window
+        if isinstance(window, Tumbling):
+            size = window.size_ms
+            starts: dict[int, list[Any]] = {}
+            for timestamp, value in zip(timestamps, added, strict=True):
+                start = timestamp - timestamp % size
+                group = starts.get(start)
+                if group is None:
+                    starts[start] = [value]
+                else:
+                    group.append(value)
+            groups = {(start, start + size): group for start, group in starts.items()}
+        else:
+            for timestamp, value in zip(timestamps, added, strict=True):
+                for assigned in window.assign(timestamp):
+                    groups.setdefault(assigned, []).append(value)
+        combiner, lateness = self.combiner, self.allowed_lateness_ms
+        return {
+            w: combiner.add_all(combiner.create(), group)
+            for w, group in groups.items()
+            if w[1] + lateness > watermark  # else past its lateness: another of theirs is not
+        }
+
     def _fold(self, partials: Partials, timestamp: int, value: Any, watermark: int) -> None:
         """Add one record's value to the partial of each of its windows still accepting it."""
         combiner, lateness = self.combiner, self.allowed_lateness_ms

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from millstream.connectors.formats import encode_with
-from millstream.connectors.fresh_records import to_record
+from millstream.connectors.fresh_records import KeyRecords, to_record
 from millstream.connectors.key_runner import KeyRunner, rejected
 from millstream.connectors.plan import BatchPlan
 from millstream.connectors.routing import route as _route
@@ -352,9 +352,11 @@ class TopologyTestDriver:
         elif operator.expired(record, node.input_watermark):
             flagged = runner.late(record, row, node.input_watermark)
             if flagged is not None:
-                operator.process_key(runner, record.key, [(flagged, row)])
+                batch = KeyRecords([item], node.internal_inputs, {0: flagged})
+                operator.process_key(runner, record.key, batch)
         else:
-            operator.process_key(runner, record.key, [(record, row)])
+            batch = KeyRecords([item], node.internal_inputs, {0: record})
+            operator.process_key(runner, record.key, batch)
         self._finish(node, runner)
 
     def _fire_due(self, node: _Node) -> int:

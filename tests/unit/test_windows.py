@@ -26,8 +26,9 @@ from millstream import (
     json_field,
     kafka_source,
 )
+from millstream.connectors.fresh_records import KeyRecords
 from millstream.connectors.key_runner import KeyRunner
-from millstream.connectors.plan import BatchPlan
+from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.windows import merge_overlapping
 from millstream.records import Production, Record, TimeDomain
 from millstream.state.shard import ShardConfig
@@ -292,7 +293,9 @@ def _plan(watermark: int) -> BatchPlan:
 @pytest.mark.parametrize(
     "window", [Tumbling(1_000), Hopping(1_000, 250), Session(300)], ids=lambda w: w.describe()
 )
-@pytest.mark.parametrize("aggregate", [Count(), Sum("n"), Mean("n")], ids=lambda c: c.describe())
+@pytest.mark.parametrize(
+    "aggregate", [Count(), Sum("n"), Mean("n"), Min("n"), Max("n")], ids=lambda c: c.describe()
+)
 def test_lifted_and_unlifted_fold_batches_to_the_same_state_and_results(
     window: Any, aggregate: Combiner
 ) -> None:
@@ -302,7 +305,10 @@ def test_lifted_and_unlifted_fold_batches_to_the_same_state_and_results(
     ]
     sent += rng.sample(sent, 20)  # duplicates the source sent again: dedup is the shard task's
     outcomes = []
-    for lift in (True, False):
+    # Lifted as the shard task runs it (a key's batch as `KeyRecords` over routed rows: no
+    # Record built for a built-in), lifted over records (as a list of pairs), and unlifted.
+    for mode in ("rows", "records", "unlifted"):
+        lift = mode != "unlifted"
         topology = Topology("w").source("s", kafka_source("s"))
         topology.window(
             "agg", stream="s", window=window, aggregate=aggregate, output="o", lift=lift
@@ -314,11 +320,19 @@ def test_lifted_and_unlifted_fold_batches_to_the_same_state_and_results(
         for part in range(4):
             runner = KeyRunner(_plan(T0 - 1), spec, states, store)
             by_key: dict[str, list[tuple[Record, tuple]]] = defaultdict(list)
+            rows: dict[str, list[TaskInput]] = defaultdict(list)
             for key, ts, n in sent[part::4]:
-                record = Record(key, json.dumps({"n": n}).encode(), ts, b"id", ts)
+                value = json.dumps({"n": n}).encode()
+                record = Record(key, value, ts, b"id", ts)
                 by_key[key].append((record, ()))
+                row = ("s", b"id", None, value, ts, ts, "s", 0, len(rows[key]), None, None)
+                rows[key].append(TaskInput(key, row, None))
             for key, batch in by_key.items():
-                spec.operator.process_key(runner, key, batch)
+                if mode == "rows":
+                    keyed = KeyRecords(rows[key], frozenset())
+                    spec.operator.process_key(runner, key, keyed)
+                else:
+                    spec.operator.process_key(runner, key, batch)
         # Close everything: fire each window's timer in time order.
         runner = KeyRunner(_plan(T0 + 100_000), spec, states, store)
         from millstream.records import Timer
@@ -345,8 +359,9 @@ def test_lifted_and_unlifted_fold_batches_to_the_same_state_and_results(
             for p in store.productions
         )
         outcomes.append((results, store.states))
-    assert outcomes[0][0] == outcomes[1][0] == _ground_truth(sent, window, aggregate)
-    assert outcomes[0][1] == outcomes[1][1] == {}
+    truth = _ground_truth(sent, window, aggregate)
+    assert outcomes[0][0] == outcomes[1][0] == outcomes[2][0] == truth
+    assert outcomes[0][1] == outcomes[1][1] == outcomes[2][1] == {}
 
 
 def _ground_truth(sent: list[tuple[str, int, int]], window: Any, aggregate: Combiner) -> list:
@@ -376,6 +391,10 @@ def _ground_truth(sent: list[tuple[str, int, int]], window: Any, aggregate: Comb
             result: Any = len(values)
         elif isinstance(aggregate, Sum):
             result = sum(values)
+        elif isinstance(aggregate, Min):
+            result = min(values)
+        elif isinstance(aggregate, Max):
+            result = max(values)
         else:
             result = sum(values) / len(values)
         out.append((key, start, end, result))
