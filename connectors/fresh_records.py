@@ -105,8 +105,13 @@ class KeyRecords(Sequence[tuple[Record, tuple]]):
         return record, item.row
 
     def __iter__(self) -> Iterator[tuple[Record, tuple]]:
-        for index in range(len(self._items)):
-            yield self[index]
+        """Every record built at once (an operator that iterates reads them all)."""
+        internal, items = self._internal, self._items
+        records = self._records = [
+            to_record(item, internal) if record is None else record
+            for record, item in zip(self._records, items, strict=True)
+        ]
+        return zip(records, [item.row for item in items], strict=True)
 
     def rows(self) -> list[tuple]:
         return [item.row for item in self._items]
