@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, overload
+from typing import Any, cast, overload
 
 from millstream.connectors.formats import FormatError, ValueFormat, decode_with
 from millstream.connectors.key_runner import (
@@ -107,10 +107,11 @@ class KeyRecords(Sequence[tuple[Record, tuple]]):
     def __iter__(self) -> Iterator[tuple[Record, tuple]]:
         """Every record built at once (an operator that iterates reads them all)."""
         internal, items = self._internal, self._items
-        records = self._records = [
+        records: list[Record] = [
             to_record(item, internal) if record is None else record
             for record, item in zip(self._records, items, strict=True)
         ]
+        self._records = cast(list[Record | None], records)  # the same list: kept for reads
         return zip(records, [item.row for item in items], strict=True)
 
     def rows(self) -> list[tuple]:
