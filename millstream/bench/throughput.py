@@ -12,12 +12,16 @@ counter's `records` metric in Redis becomes non-zero after its first committed b
 its first processed message; plain Spark: its first finished batch) until all N events are
 committed (millstream, plain Spark: the counter reaches N; Quix: its consumer group's committed
 offsets reach N). So start-up (JVM, Spark session, group join) is excluded, and reported apart.
-The millstream runs share one pipeline process (one Spark session), one after the other, each
-its own application reading the topic from the beginning, after a warm-up application has
-counted a small separate topic (JVM, Python workers and imports warm for every measured run);
-each run's start-up is counted from the end of the previous one. Every system runs
-`REPEATS` times (the millstream variants interleaved in their process) and is reported by its
-median run, with every repeat's rate beside it.
+The run goes in `REPEATS` rounds, each one of every system: the millstream variants in one
+pipeline process (one Spark session), one after the other, each its own application reading
+the topic from the beginning, after a warm-up application has counted a small separate topic
+(JVM, Python workers and imports warm for every measured run; each run's start-up is counted
+from the end of the previous one); then Quix Streams; then plain Spark. So drift in the
+machine's speed over the run reaches every system alike: run one system's repeats after
+another's, Quix Streams measured 16.4k ev/s at 56.3 us of CPU a record in one run and 22.8k at
+39.8 us in the next, on the same code (benchmarks/results/keyrecords-20261201,
+fresh-broker-20261201). Each system is reported by its median run, with every repeat's rate
+beside it.
 
 With `--driver-read ab` a third millstream variant, `millstream-eo-read-off` (exactly-once,
 MILLSTREAM_DRIVER_READ=off for its run only), is interleaved with the other two; the others
@@ -319,12 +323,18 @@ def run(bench: Bench) -> dict[str, Any]:
     ]
     if bench.driver_read == "ab":
         variants.append(Variant(READ_OFF, driver_read="off"))
-    # Interleaved (eo, no-eo, [eo-read-off,] eo, ...) in one process, so drift in the machine's
-    # load and the JVM's warmth spreads over every variant alike.
-    runs = run_millstream(bench, topic, events, variants * repeats)
+    # Round by round, every system in each (module doc): drift in the machine's speed over the
+    # run reaches them alike.
+    runs: list[dict[str, Any]] = []
+    quix: list[dict[str, Any]] = []
+    plain: list[dict[str, Any]] = []
+    for _ in range(repeats):
+        runs += run_millstream(bench, topic, events, variants)
+        quix.append(run_quix(bench, topic, events))
+        plain.append(run_plain(bench, topic, events))
     rows = [median_run([r for r in runs if r["system"] == v.label]) for v in variants]
-    rows.append(median_run([run_quix(bench, topic, events) for _ in range(repeats)]))
-    rows.append(median_run([run_plain(bench, topic, events) for _ in range(repeats)]))
+    rows.append(median_run(quix))
+    rows.append(median_run(plain))
     by = {r["system"]: r for r in rows}
 
     def ratio(mine: str, other: str) -> float | None:
