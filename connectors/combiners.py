@@ -33,6 +33,11 @@ class Combiner:
     choose what a record contributes: by default its value decoded by the stream's format,
     or else parsed as JSON)."""
 
+    # A built-in whose value comes from the record's value alone (`from_value`); a user
+    # combiner's `extract` may read anything of the record.
+    from_value = False
+    reads_value = True  # False: the value added is always the same (a count)
+
     def create(self) -> Any:
         raise NotImplementedError
 
@@ -54,11 +59,6 @@ class Combiner:
         for value in values:
             acc = add(acc, value)
         return acc
-
-    # A built-in whose value comes from the record's value alone (`from_value`); a user
-    # combiner's `extract` may read anything of the record.
-    from_value = False
-    reads_value = True  # False: the value added is always the same (a count)
 
     def value_of(self, data: Any, raw: bytes) -> Any:
         """What `extract` gives a record whose decoded value is `data` (None: undecoded) and

@@ -4,7 +4,7 @@ Records whose id is their Kafka position (`injectors/record_ids.py`) are decided
 offset marks (`state/offset_marks.py`), the rest (and a partition without a mark) by the Bloom
 filter, then the catalog (`state/catalog.py`). docs/design.md section 4, step 2. The verdicts
 need only each row's id and system time, so no `Record` is built here: an operator that reads
-records gets them built per key batch (`operator.KeyBatch`); a lifted built-in aggregation
+records gets them built per key batch (`KeyRecords`); a lifted built-in aggregation
 reads timestamps and values from the rows and never builds one.
 """
 
@@ -114,9 +114,6 @@ class KeyRecords(Sequence[tuple[Record, tuple]]):
         self._records = cast(list[Record | None], records)  # the same list: kept for reads
         return zip(records, [item.row for item in items], strict=True)
 
-    def rows(self) -> list[tuple]:
-        return [item.row for item in self._items]
-
     def timestamps(self) -> list[int]:
         """Each record's event time (`Record.timestamp`), read from its row."""
         built = self._records
@@ -173,7 +170,6 @@ def _position(row: tuple) -> bytes:
 # the write). A record whose id is its Kafka position has neither position nor digest (b""):
 # the offset marks remember it.
 Fresh = tuple[TaskInput, bytes, int, bytes, bytes]
-FRESH_ITEM, FRESH_ID, FRESH_SYSTEM, FRESH_POSITION, FRESH_DIGEST = range(5)
 
 
 def dedup(
