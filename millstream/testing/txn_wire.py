@@ -4,7 +4,8 @@ Fault tests blame a lost production on the broker only with evidence the product
 records cannot provide. When a broker acknowledges a transaction's commit and later writes an
 ABORT marker for its records, only the broker's answers show it: this module records, per
 connection, every AddPartitionsToTxn (a transaction starts writing to a partition) and EndTxn
-(commit or abort) request with the error code the broker answered, and every committed offset
+(commit or abort) request with the error code the broker answered, every InitProducerId of a
+transactional id with the producer id and epoch it answered, and every committed offset
 the group coordinator answered to an OffsetFetch (v8 and later, which name the group in the
 answer): a transactional sink's progress offsets, read back by the sink itself right after a
 resumed commit, are the broker's word on which transaction's offsets it applied. Other requests
@@ -22,10 +23,11 @@ from dataclasses import dataclass, replace
 from millstream.testing.proxy import Observer
 
 OFFSET_FETCH = 9
+INIT_PRODUCER_ID = 22
 ADD_PARTITIONS_TO_TXN = 24
 END_TXN = 26
 # First version with compact encodings; OffsetFetch is read from v8 on (groups in the answer).
-_FLEXIBLE_FROM = {ADD_PARTITIONS_TO_TXN: 3, END_TXN: 3, OFFSET_FETCH: 6}
+_FLEXIBLE_FROM = {INIT_PRODUCER_ID: 2, ADD_PARTITIONS_TO_TXN: 3, END_TXN: 3, OFFSET_FETCH: 6}
 _OFFSET_FETCH_FROM = 8
 
 
@@ -33,14 +35,15 @@ _OFFSET_FETCH_FROM = 8
 class TxnCall:
     """One transactional request and the broker's answer (None: no answer seen)."""
 
-    api: str  # "add_partitions" or "end_txn"
+    api: str  # "init_producer", "add_partitions" or "end_txn"
     transactional_id: str
-    producer_id: int
-    producer_epoch: int
+    producer_id: int  # init_producer: as answered (-1 until then)
+    producer_epoch: int  # init_producer: as answered, the new epoch (-1 until then)
     sent_at: float  # time.time() when the proxy forwarded the request
     committed: bool | None = None  # end_txn: commit (True) or abort (False)
     partitions: tuple[tuple[str, int], ...] = ()  # add_partitions: (topic, partition)
-    error_code: int | None = None  # end_txn: the answer; add_partitions: the first non-zero one
+    error_code: int | None = None  # end_txn, init_producer: the answer; add_partitions: the
+    # first non-zero one
     answered_at: float | None = None
 
 
@@ -138,8 +141,16 @@ class TxnWireLog:
             if flexible:
                 body.skip_tags()
             txn_id = body.string(flexible)
-            producer_id, epoch = body.take(">q"), body.take(">h")
             now = time.time()
+            if api == INIT_PRODUCER_ID:
+                if not txn_id:
+                    return  # an idempotent producer's id: no transaction to follow
+                call = TxnCall("init_producer", txn_id, -1, -1, now)
+                with self._lock:
+                    self._calls.append(call)
+                    pending[correlation] = (api, version, len(self._calls) - 1)
+                return
+            producer_id, epoch = body.take(">q"), body.take(">h")
             if api == END_TXN:
                 call = TxnCall("end_txn", txn_id, producer_id, epoch, now, bool(body.take(">b")))
             else:
@@ -177,6 +188,18 @@ class TxnWireLog:
             if flexible:
                 body.skip_tags()
             body.take(">i")  # throttle time
+            if api == INIT_PRODUCER_ID:
+                error = body.take(">h")
+                producer_id, epoch = body.take(">q"), body.take(">h")
+                with self._lock:
+                    self._calls[index] = replace(
+                        self._calls[index],
+                        producer_id=producer_id,
+                        producer_epoch=epoch,
+                        error_code=error,
+                        answered_at=time.time(),
+                    )
+                return
             if api == END_TXN:
                 error = body.take(">h")
             else:

@@ -84,6 +84,12 @@ UNAPPLIED_PROGRESS_REASON = (
     "coordinator kept answering the progress offsets from before that transaction, so the "
     "sink's recovery delivered those productions again"
 )
+REINIT_UNAPPLIED_PROGRESS_REASON = (
+    "broker defect: Tansu committed a transaction's records (COMMIT marker), answered the "
+    "shard's producer re-initialisation (which Kafka answers only once the previous "
+    "transaction is complete), and then answered the progress offsets from before that "
+    "transaction, so the sink delivered those productions again"
+)
 LOST_COMMIT_REASON = (
     "broker defect: Tansu acknowledged a transaction's commit across a stop and restart, kept "
     "its progress offsets, and then aborted its records (no COMMIT marker ever written)"
@@ -785,10 +791,10 @@ def acknowledged_then_aborted(
     return f"{len(found)} records {found[:5]}"
 
 
-def _closing_end_txn(
+def _opening_add(
     copy: RecordOrigin, topic: str, partitions: Sequence[list[RawBatch]], calls: list[TxnCall]
 ) -> TxnCall | None:
-    """The EndTxn on the wire that ended the transaction holding `copy`, or None.
+    """The AddPartitionsToTxn on the wire that began the transaction holding `copy`, or None.
 
     Every successful AddPartitionsToTxn of a producer id for a partition starts one transaction
     there, which ends with one control marker of that producer id in that partition: the
@@ -814,7 +820,16 @@ def _closing_end_txn(
     start = adds[markers_before]
     if start.producer_epoch != copy.producer_epoch:
         return None
-    return _first_answered_end(calls, start)
+    return start
+
+
+def _closing_end_txn(
+    copy: RecordOrigin, topic: str, partitions: Sequence[list[RawBatch]], calls: list[TxnCall]
+) -> TxnCall | None:
+    """The EndTxn on the wire that ended the transaction holding `copy` (`_opening_add`'s
+    transaction), answered without error, or None."""
+    start = _opening_add(copy, topic, partitions, calls)
+    return None if start is None else _first_answered_end(calls, start)
 
 
 def _first_answered_end(calls: list[TxnCall], start: TxnCall) -> TxnCall | None:
@@ -833,7 +848,7 @@ def _first_answered_end(calls: list[TxnCall], start: TxnCall) -> TxnCall | None:
             if call.error_code == 0:
                 return call
             ended = True  # unanswered or refused: librdkafka retries it or gives up
-        elif ended:
+        elif ended and call.api == "add_partitions":
             return None
     return None
 
@@ -944,6 +959,57 @@ def unapplied_progress_evidence(
     return f"{len(found)} productions {found[:5]}"
 
 
+@dataclass(frozen=True)
+class _Redelivery:
+    """One checkpoint delivered twice by one producer id: its first copy under COMMIT, the
+    second from a later epoch of the same producer id (the shard's producer re-initialised)."""
+
+    shard: int
+    seq: int
+    first: RecordOrigin
+    again: RecordOrigin
+    redelivered: float  # when the sink reported the delivery (journal time)
+
+
+def _redelivery(
+    event: str, deliveries: dict[str, list[dict[str, Any]]], copies: dict[str, list[RecordOrigin]]
+) -> _Redelivery | str:
+    """The facts both redelivery rules start from, or why they do not hold for `event`."""
+    delivered = deliveries.get(event, [])
+    names = {(int(e["shard"]), int(e["seq"])) for e in delivered}
+    if len(names) != 1:
+        return f"{event}: the journal names {len(names)} productions, not one"
+    ((shard, seq),) = names
+    where = sorted(copies.get(event, []), key=lambda c: (c.producer_epoch, c.offset))
+    if len(where) != 2 or any(c.marker != COMMIT_MARKER for c in where):
+        return f"{event}: {[(c.offset, c.producer_epoch, c.marker) for c in where]} in the raw log"
+    first, again = where
+    if (
+        first.producer_id != again.producer_id
+        or first.producer_epoch >= again.producer_epoch
+        or first.value != again.value
+    ):
+        return f"{event}: two producers or two productions, not one checkpoint delivered twice"
+    return _Redelivery(shard, seq, first, again, max(float(e["t"]) for e in delivered))
+
+
+def _stale_progress(
+    timeline: dict[int, list[tuple[float, int]]], shard: int, seq: int, after: float, before: float
+) -> list[int]:
+    """Progress offsets the broker answered for `shard` between the two times that say seq
+    was not delivered (offset = highest delivered seq + 1 <= seq)."""
+    return [v for t, v in timeline.get(shard, []) if after < t < before and v <= seq]
+
+
+def _sink_deliveries(journal: Path) -> dict[str, list[dict[str, Any]]]:
+    deliveries: dict[str, list[dict[str, Any]]] = {}
+    for line in journal.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["skipped"] is None:
+            deliveries.setdefault(entry["e"], []).append(entry)
+    return deliveries
+
+
 def acked_commit_unapplied_progress_evidence(
     doubled: list[str],
     topic: str,
@@ -952,10 +1018,12 @@ def acked_commit_unapplied_progress_evidence(
     wire: TxnWireLog,
     timeline: dict[int, list[tuple[float, int]]],
     settle_s: float = 1.0,
+    why: list[str] | None = None,
 ) -> str | None:
     """`unapplied_progress_evidence` for a commit whose answer reached the sink too late: its
     `commit_transaction` timed out (outcome unknown, so the sink reported no delivery and
-    the journal holds only the later one), yet the broker had committed it. Or None.
+    the journal holds only the later one), yet the broker had committed it. Or None, and the
+    reason appended to `why`.
 
     It holds only when, for every doubled event: the journal names one production (shard,
     seq) delivered once; the raw log holds exactly two copies by the same producer id, both
@@ -966,50 +1034,126 @@ def acked_commit_unapplied_progress_evidence(
     the group coordinator answered the shard's progress at or below seq ("not delivered").
     The answers on the wire, the markers and the offsets served are all the broker's.
     """
+    notes = why if why is not None else []
     if wire.errors or not doubled or not journal.exists():
+        notes.append("acked rule: wire parse errors, nothing doubled or no journal")
         return None
-    deliveries: dict[str, list[dict[str, Any]]] = {}
-    for line in journal.read_text().splitlines():
-        entry = json.loads(line)
-        if entry["skipped"] is None:
-            deliveries.setdefault(entry["e"], []).append(entry)
+    deliveries = _sink_deliveries(journal)
     calls = wire.calls()
     copies = _copies(partitions)
     found: list[str] = []
     for event in doubled:
-        delivered = deliveries.get(event, [])
-        names = {(int(e["shard"]), int(e["seq"])) for e in delivered}
-        if len(names) != 1:
+        facts = _redelivery(event, deliveries, copies)
+        if isinstance(facts, str):
+            notes.append(f"acked rule: {facts}")
             return None
-        ((shard, seq),) = names
-        where = sorted(copies.get(event, []), key=lambda c: (c.producer_epoch, c.offset))
-        if len(where) != 2 or any(c.marker != COMMIT_MARKER for c in where):
-            return None
-        first, again = where
-        if (
-            first.producer_id != again.producer_id
-            or first.producer_epoch >= again.producer_epoch
-            or first.value != again.value
-        ):
-            return None  # two producers, or two productions: not one checkpoint delivered twice
+        first = facts.first
         end = _closing_end_txn(first, topic, partitions, calls)
         if end is None or not end.committed or end.answered_at is None:
+            notes.append(f"acked rule: {event}: no EndTxn(commit) answered without error")
             return None
-        if not end.transactional_id.endswith(f".{shard}"):
-            return None  # another shard's producer: the journal and the wire disagree
-        redelivered = max(float(e["t"]) for e in delivered)
-        stale = [
-            v
-            for t, v in timeline.get(shard, [])
-            if end.answered_at + settle_s < t < redelivered and v <= seq
-        ]
+        if not end.transactional_id.endswith(f".{facts.shard}"):
+            notes.append(f"acked rule: {event}: the EndTxn was another shard's")
+            return None
+        stale = _stale_progress(
+            timeline, facts.shard, facts.seq, end.answered_at + settle_s, facts.redelivered
+        )
         if not stale:
+            notes.append(f"acked rule: {event}: no stale progress answered before redelivery")
             return None
         found.append(
-            f"{event} (shard {shard} seq {seq}: p{first.partition}@{first.offset} pid "
+            f"{event} (shard {facts.shard} seq {facts.seq}: p{first.partition}@{first.offset} pid "
             f"{first.producer_id} epoch {first.producer_epoch} COMMIT, EndTxn(commit) answered "
             f"{end.answered_at:.3f} with no error, progress answered {max(stale)} "
-            f"{len(stale)} times before it was delivered again at {redelivered:.3f})"
+            f"{len(stale)} times before it was delivered again at {facts.redelivered:.3f})"
+        )
+    return f"{len(found)} productions {found[:5]}"
+
+
+def reinit_unapplied_progress_evidence(
+    doubled: list[str],
+    topic: str,
+    journal: Path,
+    partitions: Sequence[list[RawBatch]],
+    wire: TxnWireLog,
+    timeline: dict[int, list[tuple[float, int]]],
+    why: list[str] | None = None,
+) -> str | None:
+    """Evidence that the broker committed a transaction's records, yet after the shard's
+    producer was initialised again still answered the progress from before it. Or None, and
+    the reason appended to `why`.
+
+    For a commit whose answer never reached the sink (the broker stopped mid-commit, or the
+    resumed commit kept timing out until `doubt_outlived`): the sink re-initialises the
+    transactional id and reads progress. Kafka answers InitProducerId with the new epoch only
+    after the previous transaction has completed, records and offsets together (until then
+    it answers CONCURRENT_TRANSACTIONS), so a progress read after that answer reflects it.
+
+    It holds only when, for every doubled event: the facts of `_redelivery` (one production
+    in the journal; two copies by one producer id under COMMIT, the second of a later epoch,
+    same bytes); the wire shows the first copy's transaction beginning on that partition and
+    an EndTxn(commit) of its producer id and epoch sent after it; the broker answered an
+    InitProducerId of that shard's transactional id without error with that producer id and
+    an epoch above the first copy's, at most the second's; and after that answer and before
+    the journal's delivery the group coordinator answered the shard's progress at or below
+    seq. The markers, the answers on the wire and the offsets served are all the broker's.
+    """
+    notes = why if why is not None else []
+    if wire.errors or not doubled or not journal.exists():
+        notes.append("re-init rule: wire parse errors, nothing doubled or no journal")
+        return None
+    deliveries = _sink_deliveries(journal)
+    calls = wire.calls()
+    copies = _copies(partitions)
+    found: list[str] = []
+    for event in doubled:
+        facts = _redelivery(event, deliveries, copies)
+        if isinstance(facts, str):
+            notes.append(f"re-init rule: {facts}")
+            return None
+        first, again = facts.first, facts.again
+        start = _opening_add(first, topic, partitions, calls)
+        if start is None:
+            notes.append(f"re-init rule: {event}: its transaction's start is not on the wire")
+            return None
+        asked = [
+            c
+            for c in calls
+            if c.api == "end_txn"
+            and c.committed
+            and c.producer_id == first.producer_id
+            and c.producer_epoch == first.producer_epoch
+            and c.sent_at > start.sent_at
+        ]
+        if not asked:
+            notes.append(f"re-init rule: {event}: no EndTxn(commit) was sent for it")
+            return None
+        inits = [
+            c
+            for c in calls
+            if c.api == "init_producer"
+            and c.error_code == 0
+            and c.answered_at is not None
+            and c.transactional_id.endswith(f".{facts.shard}")
+            and c.producer_id == first.producer_id
+            and first.producer_epoch < c.producer_epoch <= again.producer_epoch
+            and c.answered_at > asked[0].sent_at
+        ]
+        if not inits:
+            notes.append(f"re-init rule: {event}: no later InitProducerId answered for its shard")
+            return None
+        init_at = min(c.answered_at for c in inits if c.answered_at is not None)
+        stale = _stale_progress(timeline, facts.shard, facts.seq, init_at, facts.redelivered)
+        if not stale:
+            notes.append(f"re-init rule: {event}: no stale progress answered after the re-init")
+            return None
+        found.append(
+            f"{event} (shard {facts.shard} seq {facts.seq}: p{first.partition}@{first.offset} pid "
+            f"{first.producer_id} epoch {first.producer_epoch} COMMIT, EndTxn(commit) sent "
+            f"{asked[0].sent_at:.3f}, InitProducerId answered epoch "
+            f"{min(c.producer_epoch for c in inits)} at {init_at:.3f}, then progress answered "
+            f"{max(stale)} {len(stale)} times before it was delivered again at "
+            f"{facts.redelivered:.3f})"
         )
     return f"{len(found)} productions {found[:5]}"
 

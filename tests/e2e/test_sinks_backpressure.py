@@ -26,7 +26,11 @@ The other way round, seen once with the machine loaded: a commit that timed out 
 (its records under COMMIT, the broker's EndTxn answer on the wire without error) while the
 group coordinator kept answering the progress from before it, so the sink delivered those
 productions again; that is an expected failure only on those broker facts
-(`sink_faults.acked_commit_unapplied_progress_evidence`).
+(`sink_faults.acked_commit_unapplied_progress_evidence`). Its twin, seen in CI: the commit's
+answer never came, the sink re-initialised the shard's producer (which Kafka answers only
+once the previous transaction is complete) and the broker still answered the old progress
+(`sink_faults.reinit_unapplied_progress_evidence`). Any other double fails with the reasons
+each rule declined, the producer's calls on the wire and the sink's log lines.
 """
 
 from __future__ import annotations
@@ -43,12 +47,14 @@ from millstream.state.watermarks import WatermarkAuthority
 from millstream.testing.infra import create_topic
 from tests.e2e.sink_faults import (
     JOURNAL,
+    REINIT_UNAPPLIED_PROGRESS_REASON,
     UNAPPLIED_PROGRESS_REASON,
     Feeder,
     Phases,
     ProgressWatcher,
     RecordedKafka,
     _raw_partitions,
+    _wire_story,
     acked_commit_unapplied_progress_evidence,
     assert_exactly_once,
     check_plain_consumer,
@@ -56,7 +62,9 @@ from tests.e2e.sink_faults import (
     metric,
     pending_productions,
     pipeline_env,
+    pipeline_sink_lines,
     read_output,
+    reinit_unapplied_progress_evidence,
     start_pipeline,
     states,
     stop_broker,
@@ -204,6 +212,7 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
         records = metric(redis_client, app, "records")
         waits = metric(redis_client, app, "backpressure_waits")
         log_text = pipeline.log_tail(200_000)
+        sink_lines = pipeline_sink_lines(pipeline)
         phase("settled")
     finally:
         pipeline.stop(30)
@@ -250,17 +259,26 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
     assert waits >= 1
     try:
         assert_exactly_once(output, truth, (target, sink))
-    except AssertionError:
+    except AssertionError as failure:
         if set(output.ids) != set(truth):
             raise  # missing or unexpected productions: never the broker's by this rule
         doubled = sorted(e for e, n in output.ids.items() if n > 1)
-        evidence = acked_commit_unapplied_progress_evidence(
+        facts = (
             doubled, sink, tmp_path / JOURNAL, list(_raw_partitions(target, sink)),
             recorded_kafka.wire, watcher.timeline(),
         )  # fmt: skip
-        if evidence is None:
-            raise
-        pytest.xfail(f"{UNAPPLIED_PROGRESS_REASON}: {evidence}")
+        why: list[str] = []
+        evidence = acked_commit_unapplied_progress_evidence(*facts, why=why)
+        if evidence is not None:
+            pytest.xfail(f"{UNAPPLIED_PROGRESS_REASON}: {evidence}")
+        evidence = reinit_unapplied_progress_evidence(*facts, why=why)
+        if evidence is not None:
+            pytest.xfail(f"{REINIT_UNAPPLIED_PROGRESS_REASON}: {evidence}")
+        story = "\n".join(
+            ["no broker evidence:", *why, "wire:", *_wire_story(recorded_kafka.wire, target,
+             sink, doubled), "sink log:", *sink_lines]
+        )  # fmt: skip
+        raise AssertionError(f"{failure}\n{story}") from None
     assert left == []
     assert records == len(truth)
     keys: dict[str, int] = {}

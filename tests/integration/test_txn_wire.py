@@ -38,16 +38,22 @@ def test_the_wire_log_records_each_transactions_partitions_and_end(
             producer.commit_transaction(30)
         else:
             producer.abort_transaction(30)
+    again = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id})
+    again.init_transactions(30)  # the id initialised again: same producer id, next epoch
     calls = [c for c in wire.calls() if c.transactional_id == txn_id]
     assert wire.errors == []
     assert [(c.api, c.committed, c.error_code) for c in calls] == [
+        ("init_producer", None, 0),
         ("add_partitions", None, 0),
         ("end_txn", True, 0),
         ("add_partitions", None, 0),
         ("end_txn", False, 0),
+        ("init_producer", None, 0),
     ]
-    assert set(calls[0].partitions) == {(topic, 0), (topic, 1)}
-    assert len({(c.producer_id, c.producer_epoch) for c in calls}) == 1
+    assert set(calls[1].partitions) == {(topic, 0), (topic, 1)}
+    assert len({(c.producer_id, c.producer_epoch) for c in calls[:-1]}) == 1
+    assert calls[-1].producer_id == calls[0].producer_id
+    assert calls[-1].producer_epoch == calls[0].producer_epoch + 1
     assert all(c.answered_at is not None and c.answered_at >= c.sent_at for c in calls)
     assert [c.sent_at for c in calls] == sorted(c.sent_at for c in calls)
 

@@ -27,6 +27,7 @@ from tests.e2e.sink_faults import (
     acknowledged_then_aborted,
     journal_productions,
     lost_commit_evidence,
+    reinit_unapplied_progress_evidence,
     unapplied_progress_evidence,
     unserved_ack_evidence,
 )
@@ -286,6 +287,66 @@ def test_a_timed_out_commit_delivered_again_is_ours_without_each_broker_fact(
         offset=2, key=None, value=again.value.replace(b'"n": 1', b'"n": 2'), timestamp=0,
         headers=[]),))  # fmt: skip
     assert judge(recomputed, wire, stale) is None
+    broken = wire_of(*wire.calls())
+    broken.errors.append("unparsed")
+    assert judge(delivered_twice_log(), broken, stale) is None
+
+
+def unanswered_commit_then_reinit(
+    tmp_path: Path, init_epoch: int = 3, init_error: int = 0, shard: int = 0, commit: bool = True
+) -> tuple[Path, TxnWireLog]:
+    """The sink's view of delivered_twice_log when epoch 2's commit was never answered: the
+    wire saw its start and EndTxn (no answer), then the shard's InitProducerId answered at
+    20.0 with epoch `init_epoch`; the journal has only the second delivery, at 30.0."""
+    journal, _ = timed_out_commit(tmp_path)
+    txn_id = f"millstream.app.relay.{shard}"
+    start = TxnCall("add_partitions", txn_id, 5, 2, 9.0, None, ((TOPIC, 0),), 0, 9.01)
+    ended = TxnCall("end_txn", txn_id, 5, 2, 9.5, commit, (), None, None)
+    init = TxnCall("init_producer", txn_id, 5, init_epoch, 19.0, None, (), init_error, 20.0)
+    return journal, wire_of(start, ended, init)
+
+
+def test_stale_progress_after_the_shards_re_init_answered_is_the_brokers(tmp_path: Path) -> None:
+    journal, wire = unanswered_commit_then_reinit(tmp_path)
+    why: list[str] = []
+    evidence = reinit_unapplied_progress_evidence(
+        ["e1"], TOPIC, journal, delivered_twice_log(), wire, {0: [(21.0, 4)]}, why=why
+    )
+    assert evidence is not None and "InitProducerId answered epoch 3 at 20.000" in evidence, why
+    # The acked rule does not hold here (no EndTxn answer), and says why.
+    assert acked_commit_unapplied_progress_evidence(
+        ["e1"], TOPIC, journal, delivered_twice_log(), wire, {0: [(21.0, 4)]}, why=why
+    ) is None  # fmt: skip
+    assert any("no EndTxn(commit) answered" in w for w in why), why
+
+
+def test_delivered_again_after_a_re_init_is_ours_without_each_broker_fact(
+    tmp_path: Path,
+) -> None:
+    journal, wire = unanswered_commit_then_reinit(tmp_path)
+    stale = {0: [(21.0, 4)]}
+
+    def judge(log: list[list[RawBatch]], w: TxnWireLog, timeline: dict) -> str | None:
+        return reinit_unapplied_progress_evidence(["e1"], TOPIC, journal, log, w, timeline)
+
+    assert judge(delivered_twice_log(), wire, stale) is not None
+    assert judge(delivered_twice_log(ABORT), wire, stale) is None  # the broker aborted it
+    # The sink asked to abort, not commit: a COMMIT marker is then not explained this way.
+    assert judge(delivered_twice_log(), unanswered_commit_then_reinit(tmp_path, commit=False)[1],
+                 stale) is None  # fmt: skip
+    # No re-init answered (refused, another shard's, an epoch outside the two copies').
+    for bad in (
+        unanswered_commit_then_reinit(tmp_path, init_error=51)[1],
+        unanswered_commit_then_reinit(tmp_path, shard=1)[1],
+        unanswered_commit_then_reinit(tmp_path, init_epoch=2)[1],
+        unanswered_commit_then_reinit(tmp_path, init_epoch=4)[1],
+        wire_of(),
+    ):
+        assert judge(delivered_twice_log(), bad, stale) is None
+    # Progress said "delivered" after the re-init, or "not delivered" only before it or after
+    # the second delivery: the sink delivered again on its own.
+    for timeline in ({0: [(21.0, 5)]}, {0: [(19.5, 4)]}, {0: [(31.0, 4)]}, {}):
+        assert judge(delivered_twice_log(), wire, timeline) is None
     broken = wire_of(*wire.calls())
     broken.errors.append("unparsed")
     assert judge(delivered_twice_log(), broken, stale) is None
