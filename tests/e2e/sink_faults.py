@@ -1367,6 +1367,7 @@ def check_plain_consumer(bootstrap: str, topic: str, truth: dict[str, Event]) ->
         return
     if view.only_leaks and probe_aborted_leak(bootstrap):
         pytest.xfail(f"{LEAK_REASON}: {view.summary()}")
+    listing = ""
     if view.withheld and not view.unexplained:
         lsos = {p: _safe(last_stable_offset, bootstrap, topic, p) for p, _ in sorted(view.withheld)}
         evidence = withheld_by_broker(view, partitions, lsos)
@@ -1383,8 +1384,12 @@ def check_plain_consumer(bootstrap: str, topic: str, truth: dict[str, Event]) ->
         )
         if listed is not None and (not view.leaked or probe_aborted_leak(bootstrap)):
             pytest.xfail(f"{LISTED_ABORTED_REASON}: {view.summary()}; {listed}")
+        listing = (
+            "\nthe broker's read_committed Fetch from the first withheld offset lists as "
+            f"aborted (pid, first offset): {aborted}"
+        )
     story = plain_story(bootstrap, topic, served, view, partitions)
-    raise AssertionError(f"a plain read_committed consumer: {view.summary()}\n{story}")
+    raise AssertionError(f"a plain read_committed consumer: {view.summary()}\n{story}{listing}")
 
 
 def plain_story(
@@ -1410,7 +1415,7 @@ def plain_story(
             f"open transactions (first offset, pid, created) {_open_transactions(batches)}"
         )
         for batch in batches:
-            if held[0] - 12 <= batch.base_offset <= held[0] + 4:
+            if held[0] - 12 <= batch.base_offset <= held[-1] + 4:
                 lines.append("   " + _describe(batch))
     return "\n".join(lines)
 
