@@ -5,7 +5,8 @@ records cannot provide. When a broker acknowledges a transaction's commit and la
 ABORT marker for its records, only the broker's answers show it: this module records, per
 connection, every AddPartitionsToTxn (a transaction starts writing to a partition) and EndTxn
 (commit or abort) request with the error code the broker answered, every InitProducerId of a
-transactional id with the producer id and epoch it answered, and every committed offset
+transactional id with the producer id and epoch it answered, every TxnOffsetCommit (the offsets
+a transaction commits, with the answer), and every committed offset
 the group coordinator answered to an OffsetFetch (v8 and later, which name the group in the
 answer): a transactional sink's progress offsets, read back by the sink itself right after a
 resumed commit, are the broker's word on which transaction's offsets it applied. Other requests
@@ -26,25 +27,36 @@ OFFSET_FETCH = 9
 INIT_PRODUCER_ID = 22
 ADD_PARTITIONS_TO_TXN = 24
 END_TXN = 26
+TXN_OFFSET_COMMIT = 28
 # First version with compact encodings; OffsetFetch is read from v8 on (groups in the answer).
-_FLEXIBLE_FROM = {INIT_PRODUCER_ID: 2, ADD_PARTITIONS_TO_TXN: 3, END_TXN: 3, OFFSET_FETCH: 6}
+_FLEXIBLE_FROM = {
+    INIT_PRODUCER_ID: 2,
+    ADD_PARTITIONS_TO_TXN: 3,
+    END_TXN: 3,
+    TXN_OFFSET_COMMIT: 3,
+    OFFSET_FETCH: 6,
+}
 _OFFSET_FETCH_FROM = 8
+# A request waiting for its answer: api, version, index into the calls, sent at, client id.
+_Pending = tuple[int, int, int, float, str]
 
 
 @dataclass(frozen=True, slots=True)
 class TxnCall:
     """One transactional request and the broker's answer (None: no answer seen)."""
 
-    api: str  # "init_producer", "add_partitions" or "end_txn"
+    api: str  # "init_producer", "add_partitions", "txn_offsets" or "end_txn"
     transactional_id: str
     producer_id: int  # init_producer: as answered (-1 until then)
     producer_epoch: int  # init_producer: as answered, the new epoch (-1 until then)
     sent_at: float  # time.time() when the proxy forwarded the request
     committed: bool | None = None  # end_txn: commit (True) or abort (False)
-    partitions: tuple[tuple[str, int], ...] = ()  # add_partitions: (topic, partition)
-    error_code: int | None = None  # end_txn, init_producer: the answer; add_partitions: the
-    # first non-zero one
+    partitions: tuple[tuple[str, int], ...] = ()  # add_partitions, txn_offsets: (topic, partition)
+    error_code: int | None = None  # end_txn, init_producer: the answer; add_partitions,
+    # txn_offsets: the first non-zero one
     answered_at: float | None = None
+    group: str = ""  # txn_offsets: the consumer group whose offsets the transaction commits
+    offsets: tuple[tuple[str, int, int], ...] = ()  # txn_offsets: (topic, partition, offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +68,8 @@ class OffsetAnswer:
     partition: int
     offset: int
     answered_at: float  # time.time() when the proxy saw the answer
+    asked_at: float = 0.0  # time.time() when the proxy forwarded the request
+    client_id: str = ""  # the asking client's client.id
 
 
 class _Reader:
@@ -119,20 +133,22 @@ class TxnWireLog:
             return list(self._offsets)
 
     def tap(self) -> tuple[Observer, Observer]:
-        pending: dict[int, tuple[int, int, int]] = {}  # correlation id -> (api, version, index)
+        pending: dict[int, _Pending] = {}  # by correlation id
         return (
             _Framer(lambda m: self._request(m, pending)).feed,
             _Framer(lambda m: self._response(m, pending)).feed,
         )
 
-    def _request(self, message: bytes, pending: dict[int, tuple[int, int, int]]) -> None:
+    def _request(self, message: bytes, pending: dict[int, _Pending]) -> None:
         api, version, correlation = struct.unpack_from(">hhi", message)
         if api not in _FLEXIBLE_FROM:
             return
+        now = time.time()
         if api == OFFSET_FETCH:
             if version >= _OFFSET_FETCH_FROM:  # older answers do not name their group: skipped
+                client = _Reader(message, 8).string(compact=False)
                 with self._lock:
-                    pending[correlation] = (api, version, -1)
+                    pending[correlation] = (api, version, -1, now, client)
             return
         try:
             flexible = version >= _FLEXIBLE_FROM[api]
@@ -141,17 +157,19 @@ class TxnWireLog:
             if flexible:
                 body.skip_tags()
             txn_id = body.string(flexible)
-            now = time.time()
             if api == INIT_PRODUCER_ID:
                 if not txn_id:
                     return  # an idempotent producer's id: no transaction to follow
                 call = TxnCall("init_producer", txn_id, -1, -1, now)
                 with self._lock:
                     self._calls.append(call)
-                    pending[correlation] = (api, version, len(self._calls) - 1)
+                    pending[correlation] = (api, version, len(self._calls) - 1, now, "")
                 return
+            group = body.string(flexible) if api == TXN_OFFSET_COMMIT else ""
             producer_id, epoch = body.take(">q"), body.take(">h")
-            if api == END_TXN:
+            if api == TXN_OFFSET_COMMIT:
+                call = _txn_offsets(body, version, flexible, txn_id, group, producer_id, epoch, now)
+            elif api == END_TXN:
                 call = TxnCall("end_txn", txn_id, producer_id, epoch, now, bool(body.take(">b")))
             else:
                 parts: list[tuple[str, int]] = []
@@ -170,17 +188,17 @@ class TxnWireLog:
             return
         with self._lock:
             self._calls.append(call)
-            pending[correlation] = (api, version, len(self._calls) - 1)
+            pending[correlation] = (api, version, len(self._calls) - 1, now, "")
 
-    def _response(self, message: bytes, pending: dict[int, tuple[int, int, int]]) -> None:
+    def _response(self, message: bytes, pending: dict[int, _Pending]) -> None:
         (correlation,) = struct.unpack_from(">i", message)
         with self._lock:
             known = pending.pop(correlation, None)
         if known is None:
             return
-        api, version, index = known
+        api, version, index, asked_at, client = known
         if api == OFFSET_FETCH:
-            self._offset_fetch_response(message, version)
+            self._offset_fetch_response(message, version, asked_at, client)
             return
         try:
             flexible = version >= _FLEXIBLE_FROM[api]
@@ -222,7 +240,9 @@ class TxnWireLog:
                 self._calls[index], error_code=error, answered_at=time.time()
             )
 
-    def _offset_fetch_response(self, message: bytes, version: int) -> None:
+    def _offset_fetch_response(
+        self, message: bytes, version: int, asked_at: float, client: str
+    ) -> None:
         """Groups -> topics -> partitions of an OffsetFetch v8+ answer (always flexible)."""
         answers: list[OffsetAnswer] = []
         try:
@@ -241,7 +261,9 @@ class TxnWireLog:
                         error = body.take(">h")
                         body.skip_tags()
                         if error == 0:
-                            answers.append(OffsetAnswer(group, topic, partition, offset, now))
+                            answers.append(
+                                OffsetAnswer(group, topic, partition, offset, now, asked_at, client)
+                            )
                     body.skip_tags()
                 group_error = body.take(">h")
                 body.skip_tags()
@@ -253,6 +275,40 @@ class TxnWireLog:
             return
         with self._lock:
             self._offsets.extend(answers)
+
+
+def _txn_offsets(
+    body: _Reader,
+    version: int,
+    flexible: bool,
+    txn_id: str,
+    group: str,
+    producer_id: int,
+    epoch: int,
+    now: float,
+) -> TxnCall:
+    """The rest of a TxnOffsetCommit request: the offsets a transaction commits for `group`."""
+    if version >= 3:  # KIP-447: the consumer's generation, member and instance ids
+        body.take(">i")
+        body.string(flexible)
+        body.string(flexible)
+    offsets: list[tuple[str, int, int]] = []
+    for _ in range(body.array_len(flexible)):
+        topic = body.string(flexible)
+        for _ in range(body.array_len(flexible)):
+            partition, offset = body.take(">i"), body.take(">q")
+            if version >= 2:
+                body.take(">i")  # committed leader epoch
+            body.string(flexible)  # metadata
+            if flexible:
+                body.skip_tags()
+            offsets.append((topic, partition, offset))
+        if flexible:
+            body.skip_tags()
+    return TxnCall(
+        "txn_offsets", txn_id, producer_id, epoch, now, None,
+        tuple((t, p) for t, p, _ in offsets), group=group, offsets=tuple(offsets),
+    )  # fmt: skip
 
 
 class _Framer:

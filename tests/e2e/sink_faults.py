@@ -66,6 +66,7 @@ ACKED_THEN_ABORTED_REASON = (
     "ABORT marker for its records"
 )
 JOURNAL = "deliveries.jsonl"
+WATCHER_CLIENT = "millstream-test-progress-watcher"  # ProgressWatcher's consumers' client.id
 # How long the output may stand still, with every input processed and nothing checkpointed,
 # before `wait_complete` stops waiting and looks for the missing productions in the raw log.
 SETTLED_S = 45.0
@@ -384,6 +385,8 @@ def _progress_consumer(bootstrap: str, app: str, shard: int) -> Any:
             "group.id": progress_group(ShardRef(app, "relay", shard), "out"),
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
+            # Its answers on the wire are told from the sink's own progress reads by this.
+            "client.id": WATCHER_CLIENT,
         }
     )
 
@@ -622,9 +625,12 @@ def _wire_story(wire: TxnWireLog, bootstrap: str, topic: str, missing: list[str]
     except Exception as exc:
         return [f"raw log unreadable: {exc}"]
     pids = {c.producer_id for e in missing for c in copies.get(e, [])}
+    calls = wire.calls()
+    # Their transactional ids too: an InitProducerId refused or unanswered names no producer id.
+    txn_ids = {c.transactional_id for c in calls if c.producer_id in pids}
     out = []
-    for call in wire.calls():
-        if call.producer_id in pids:
+    for call in calls:
+        if call.producer_id in pids or call.transactional_id in txn_ids:
             what = {True: "commit", False: "abort", None: str(sorted(call.partitions))[:80]}[
                 call.committed
             ]
@@ -977,8 +983,8 @@ def _redelivery(
     """The facts both redelivery rules start from, or why they do not hold for `event`."""
     delivered = deliveries.get(event, [])
     names = {(int(e["shard"]), int(e["seq"])) for e in delivered}
-    if len(names) != 1:
-        return f"{event}: the journal names {len(names)} productions, not one"
+    if len(names) != 1 or len(delivered) != 1:
+        return f"{event}: the journal has {len(delivered)} deliveries of {len(names)} productions"
     ((shard, seq),) = names
     where = sorted(copies.get(event, []), key=lambda c: (c.producer_epoch, c.offset))
     if len(where) != 2 or any(c.marker != COMMIT_MARKER for c in where):
@@ -991,6 +997,33 @@ def _redelivery(
     ):
         return f"{event}: two producers or two productions, not one checkpoint delivered twice"
     return _Redelivery(shard, seq, first, again, max(float(e["t"]) for e in delivered))
+
+
+def _of_shard(group: str, shard: int) -> bool:
+    """Whether `group` is a progress group (`progress_group`) of `shard`."""
+    parts = group.split(".")
+    return group.startswith("millstream.progress.") and len(parts) > 2 and parts[-2] == str(shard)
+
+
+def _offsets_sent(
+    calls: list[TxnCall], first: RecordOrigin, start: TxnCall, shard: int, seq: int
+) -> TxnCall | None:
+    """The TxnOffsetCommit of `first`'s transaction (its producer id and epoch, after `start`)
+    that the broker answered without error, committing the shard's progress past `seq`; or
+    None: then the transaction did not carry that progress, and "records committed, progress
+    not" is what Kafka does too."""
+    for call in calls:
+        if (
+            call.api == "txn_offsets"
+            and call.producer_id == first.producer_id
+            and call.producer_epoch == first.producer_epoch
+            and call.sent_at > start.sent_at
+            and call.error_code == 0
+            and _of_shard(call.group, shard)
+            and any(offset >= seq + 1 for _, _, offset in call.offsets)
+        ):
+            return call
+    return None
 
 
 def _stale_progress(
@@ -1055,6 +1088,13 @@ def acked_commit_unapplied_progress_evidence(
         if not end.transactional_id.endswith(f".{facts.shard}"):
             notes.append(f"acked rule: {event}: the EndTxn was another shard's")
             return None
+        start = _opening_add(first, topic, partitions, calls)
+        sent = None if start is None else _offsets_sent(calls, first, start, facts.shard, facts.seq)
+        if sent is None or sent.sent_at > end.sent_at:
+            notes.append(
+                f"acked rule: {event}: its transaction's progress commit is not on the wire"
+            )
+            return None
         stale = _stale_progress(
             timeline, facts.shard, facts.seq, end.answered_at + settle_s, facts.redelivered
         )
@@ -1076,7 +1116,6 @@ def reinit_unapplied_progress_evidence(
     journal: Path,
     partitions: Sequence[list[RawBatch]],
     wire: TxnWireLog,
-    timeline: dict[int, list[tuple[float, int]]],
     why: list[str] | None = None,
 ) -> str | None:
     """Evidence that the broker committed a transaction's records, yet after the shard's
@@ -1089,14 +1128,16 @@ def reinit_unapplied_progress_evidence(
     after the previous transaction has completed, records and offsets together (until then
     it answers CONCURRENT_TRANSACTIONS), so a progress read after that answer reflects it.
 
-    It holds only when, for every doubled event: the facts of `_redelivery` (one production
-    in the journal; two copies by one producer id under COMMIT, the second of a later epoch,
-    same bytes); the wire shows the first copy's transaction beginning on that partition and
-    an EndTxn(commit) of its producer id and epoch sent after it; the broker answered an
-    InitProducerId of that shard's transactional id without error with that producer id and
-    an epoch above the first copy's, at most the second's; and after that answer and before
-    the journal's delivery the group coordinator answered the shard's progress at or below
-    seq. The markers, the answers on the wire and the offsets served are all the broker's.
+    It holds only when, for every doubled event: the facts of `_redelivery` (one delivery in
+    the journal; two copies by one producer id under COMMIT, the second of a later epoch, same
+    bytes); the wire shows the first copy's transaction beginning on that partition, its
+    TxnOffsetCommit of the shard's progress past seq answered without error, and then an
+    EndTxn(commit) of its producer id and epoch, none of them sent after the re-init; the
+    broker answered an InitProducerId of that shard's transactional id without error with
+    that producer id and an epoch above the first copy's, at most the second's; and the
+    group coordinator answered a progress read of the sink's (not `ProgressWatcher`'s) asked
+    after that answer and before the journal's delivery at or below seq. The markers, the
+    answers on the wire and the offsets served are all the broker's.
     """
     notes = why if why is not None else []
     if wire.errors or not doubled or not journal.exists():
@@ -1128,6 +1169,12 @@ def reinit_unapplied_progress_evidence(
         if not asked:
             notes.append(f"re-init rule: {event}: no EndTxn(commit) was sent for it")
             return None
+        sent = _offsets_sent(calls, first, start, facts.shard, facts.seq)
+        if sent is None or sent.sent_at > asked[0].sent_at:
+            notes.append(
+                f"re-init rule: {event}: its transaction's progress commit is not on the wire"
+            )
+            return None
         inits = [
             c
             for c in calls
@@ -1137,15 +1184,29 @@ def reinit_unapplied_progress_evidence(
             and c.transactional_id.endswith(f".{facts.shard}")
             and c.producer_id == first.producer_id
             and first.producer_epoch < c.producer_epoch <= again.producer_epoch
-            and c.answered_at > asked[0].sent_at
         ]
         if not inits:
             notes.append(f"re-init rule: {event}: no later InitProducerId answered for its shard")
             return None
         init_at = min(c.answered_at for c in inits if c.answered_at is not None)
-        stale = _stale_progress(timeline, facts.shard, facts.seq, init_at, facts.redelivered)
+        if any(c.sent_at > init_at for c in asked):
+            notes.append(
+                f"re-init rule: {event}: the old epoch's commit was sent after the re-init"
+            )
+            return None
+        # The sink's own progress read, asked after the re-init was answered: not a watcher's.
+        stale = [
+            a.offset
+            for a in wire.offset_answers()
+            if a.client_id != WATCHER_CLIENT
+            and _of_shard(a.group, facts.shard)
+            and init_at < a.asked_at < facts.redelivered
+            and a.offset <= facts.seq
+        ]
         if not stale:
-            notes.append(f"re-init rule: {event}: no stale progress answered after the re-init")
+            notes.append(
+                f"re-init rule: {event}: the sink read no stale progress after the re-init"
+            )
             return None
         found.append(
             f"{event} (shard {facts.shard} seq {facts.seq}: p{first.partition}@{first.offset} pid "

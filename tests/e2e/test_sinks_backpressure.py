@@ -265,10 +265,10 @@ def test_slow_target_stops_input_holds_watermark_then_delivers_exactly_once(
         doubled = sorted(e for e, n in output.ids.items() if n > 1)
         facts = (
             doubled, sink, tmp_path / JOURNAL, list(_raw_partitions(target, sink)),
-            recorded_kafka.wire, watcher.timeline(),
+            recorded_kafka.wire,
         )  # fmt: skip
         why: list[str] = []
-        evidence = acked_commit_unapplied_progress_evidence(*facts, why=why)
+        evidence = acked_commit_unapplied_progress_evidence(*facts, watcher.timeline(), why=why)
         if evidence is not None:
             pytest.xfail(f"{UNAPPLIED_PROGRESS_REASON}: {evidence}")
         evidence = reinit_unapplied_progress_evidence(*facts, why=why)

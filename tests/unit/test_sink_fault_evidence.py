@@ -4,8 +4,10 @@ defect) only on positive evidence, and every look-alike a product defect could l
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from millstream.testing.committed_reader import (
     PlainView,
@@ -14,13 +16,14 @@ from millstream.testing.committed_reader import (
     listed_aborted_but_committed,
     withheld_by_broker,
 )
-from millstream.testing.txn_wire import TxnCall, TxnWireLog
+from millstream.testing.txn_wire import OffsetAnswer, TxnCall, TxnWireLog
 from tests.e2e.sink_faults import (
     ACKED_THEN_ABORTED_REASON,
     LOST_COMMIT_REASON,
     STUCK_TXN_REASON,
     TXN_TIMEOUT_S,
     UNSERVED_ACK_REASON,
+    WATCHER_CLIENT,
     _open_transaction_before,
     acked_commit_unapplied_progress_evidence,
     acknowledged_offsets,
@@ -250,7 +253,17 @@ def timed_out_commit(
     txn_id = f"millstream.app.relay.{shard}"
     start = TxnCall("add_partitions", txn_id, 5, 2, 9.0, None, ((TOPIC, 0),), 0, 9.01)
     ended = TxnCall("end_txn", txn_id, 5, 2, 9.5, commit, (), 0, 9.51)
-    return journal, wire_of(start, ended)
+    return journal, wire_of(start, progress_sent(shard), ended)
+
+
+def progress_sent(shard: int = 0, offset: int = 5, epoch: int = 2, at: float = 9.2) -> TxnCall:
+    """Epoch `epoch` of producer 5 commits shard `shard`'s progress `offset` (seq 4 + 1)."""
+    return TxnCall(
+        "txn_offsets", f"millstream.app.relay.{shard}", 5, epoch, at, None,
+        (("__millstream_progress", 0),), 0, at + 0.01,
+        group=f"millstream.progress.app.relay.{shard}.out",
+        offsets=(("__millstream_progress", 0, offset),),
+    )  # fmt: skip
 
 
 def test_a_timed_out_commit_committed_while_progress_stayed_old_is_the_brokers(
@@ -276,6 +289,11 @@ def test_a_timed_out_commit_delivered_again_is_ours_without_each_broker_fact(
     assert judge(delivered_twice_log(), timed_out_commit(tmp_path, commit=False)[1], stale) is None
     assert judge(delivered_twice_log(), timed_out_commit(tmp_path, shard=1)[1], stale) is None
     assert judge(delivered_twice_log(), wire_of(), stale) is None  # no answer on the wire
+    # The transaction's progress commit not on the wire: the records alone were committed.
+    no_progress = wire_of(*(c for c in wire.calls() if c.api != "txn_offsets"))
+    assert judge(delivered_twice_log(), no_progress, stale) is None
+    late = wire_of(*no_progress.calls(), progress_sent(at=9.6))  # after the EndTxn: another's
+    assert judge(delivered_twice_log(), late, stale) is None
     # Progress said "delivered", or "not delivered" only before the answer settled or after
     # the second delivery: the sink delivered again on its own.
     for timeline in ({0: [(12.0, 5)]}, {0: [(10.0, 4)]}, {0: [(31.0, 4)]}, {}):
@@ -293,24 +311,50 @@ def test_a_timed_out_commit_delivered_again_is_ours_without_each_broker_fact(
 
 
 def unanswered_commit_then_reinit(
-    tmp_path: Path, init_epoch: int = 3, init_error: int = 0, shard: int = 0, commit: bool = True
+    tmp_path: Path,
+    init_epoch: int = 3,
+    init_error: int | None = 0,
+    shard: int = 0,
+    commit: bool = True,
+    init_pid: int = 5,
+    init_at: float = 20.0,
+    offsets: tuple[TxnCall, ...] | None = None,
+    late_end: bool = False,
 ) -> tuple[Path, TxnWireLog]:
     """The sink's view of delivered_twice_log when epoch 2's commit was never answered: the
-    wire saw its start and EndTxn (no answer), then the shard's InitProducerId answered at
-    20.0 with epoch `init_epoch`; the journal has only the second delivery, at 30.0."""
+    wire saw its start, its progress commit and its EndTxn (no answer), then the shard's
+    InitProducerId answered at `init_at` (19.0 + 1) with epoch `init_epoch`; the journal has
+    only the second delivery, at 30.0."""
     journal, _ = timed_out_commit(tmp_path)
     txn_id = f"millstream.app.relay.{shard}"
     start = TxnCall("add_partitions", txn_id, 5, 2, 9.0, None, ((TOPIC, 0),), 0, 9.01)
     ended = TxnCall("end_txn", txn_id, 5, 2, 9.5, commit, (), None, None)
-    init = TxnCall("init_producer", txn_id, 5, init_epoch, 19.0, None, (), init_error, 20.0)
-    return journal, wire_of(start, ended, init)
+    answered = None if init_error is None else init_at
+    init = TxnCall(
+        "init_producer", txn_id, init_pid, init_epoch, init_at - 1.0, None, (), init_error, answered
+    )
+    calls = [start, *(offsets if offsets is not None else (progress_sent(shard),)), ended, init]
+    if late_end:
+        calls.append(TxnCall("end_txn", txn_id, 5, 2, init_at + 1.0, True, (), None, None))
+    return journal, wire_of(*calls)
+
+
+def sink_read(wire: TxnWireLog, asked: float, offset: int = 4, client: str = "rdkafka") -> None:
+    """The group coordinator answers a progress read of shard 0 asked at `asked`."""
+    wire._offsets.append(
+        OffsetAnswer(
+            "millstream.progress.app.relay.0.out", "__millstream_progress", 0, offset,
+            asked + 0.01, asked, client,
+        )
+    )  # fmt: skip
 
 
 def test_stale_progress_after_the_shards_re_init_answered_is_the_brokers(tmp_path: Path) -> None:
     journal, wire = unanswered_commit_then_reinit(tmp_path)
+    sink_read(wire, 21.0)
     why: list[str] = []
     evidence = reinit_unapplied_progress_evidence(
-        ["e1"], TOPIC, journal, delivered_twice_log(), wire, {0: [(21.0, 4)]}, why=why
+        ["e1"], TOPIC, journal, delivered_twice_log(), wire, why=why
     )
     assert evidence is not None and "InitProducerId answered epoch 3 at 20.000" in evidence, why
     # The acked rule does not hold here (no EndTxn answer), and says why.
@@ -324,32 +368,61 @@ def test_delivered_again_after_a_re_init_is_ours_without_each_broker_fact(
     tmp_path: Path,
 ) -> None:
     journal, wire = unanswered_commit_then_reinit(tmp_path)
-    stale = {0: [(21.0, 4)]}
 
-    def judge(log: list[list[RawBatch]], w: TxnWireLog, timeline: dict) -> str | None:
-        return reinit_unapplied_progress_evidence(["e1"], TOPIC, journal, log, w, timeline)
+    def judge(
+        w: TxnWireLog,
+        log: list[list[RawBatch]] | None = None,
+        asked: float | None = 21.0,
+        offset: int = 4,
+        client: str = "rdkafka",
+        journal: Path = journal,
+    ) -> str | None:
+        w = wire_of(*w.calls())
+        if asked is not None:
+            sink_read(w, asked, offset, client)
+        return reinit_unapplied_progress_evidence(
+            ["e1"], TOPIC, journal, log or delivered_twice_log(), w
+        )
 
-    assert judge(delivered_twice_log(), wire, stale) is not None
-    assert judge(delivered_twice_log(ABORT), wire, stale) is None  # the broker aborted it
+    def variant(**kwargs: Any) -> TxnWireLog:
+        return unanswered_commit_then_reinit(tmp_path, **kwargs)[1]
+
+    assert judge(wire) is not None
+    assert judge(wire, delivered_twice_log(ABORT)) is None  # the broker aborted it
     # The sink asked to abort, not commit: a COMMIT marker is then not explained this way.
-    assert judge(delivered_twice_log(), unanswered_commit_then_reinit(tmp_path, commit=False)[1],
-                 stale) is None  # fmt: skip
-    # No re-init answered (refused, another shard's, an epoch outside the two copies').
+    assert judge(variant(commit=False)) is None
+    # The transaction did not carry the progress (none sent, seq 4's own offset, refused):
+    # records committed with the old progress is then what Kafka does too.
+    refused = replace(progress_sent(), error_code=48)
+    for offsets in ((), (progress_sent(offset=4),), (refused,), (progress_sent(shard=1),)):
+        assert judge(variant(offsets=offsets)) is None, offsets
+    # No re-init answered (refused, unanswered, another shard's or producer id's, an epoch
+    # outside the two copies', answered before the commit was asked for).
     for bad in (
-        unanswered_commit_then_reinit(tmp_path, init_error=51)[1],
-        unanswered_commit_then_reinit(tmp_path, shard=1)[1],
-        unanswered_commit_then_reinit(tmp_path, init_epoch=2)[1],
-        unanswered_commit_then_reinit(tmp_path, init_epoch=4)[1],
+        variant(init_error=51),
+        variant(init_error=None),
+        variant(shard=1, offsets=(progress_sent(),)),
+        variant(init_pid=6),
+        variant(init_epoch=2),
+        variant(init_epoch=4),
+        variant(init_at=9.4),
         wire_of(),
     ):
-        assert judge(delivered_twice_log(), bad, stale) is None
-    # Progress said "delivered" after the re-init, or "not delivered" only before it or after
-    # the second delivery: the sink delivered again on its own.
-    for timeline in ({0: [(21.0, 5)]}, {0: [(19.5, 4)]}, {0: [(31.0, 4)]}, {}):
-        assert judge(delivered_twice_log(), wire, timeline) is None
+        assert judge(bad) is None
+    # The old epoch's commit sent after the re-init: a fencing question, not this rule's.
+    assert judge(variant(late_end=True)) is None
+    # The sink read "delivered", or read "not delivered" only before the re-init or after the
+    # second delivery, or only the watcher did: the sink delivered again on its own.
+    assert judge(wire, offset=5) is None
+    assert judge(wire, asked=19.5) is None
+    assert judge(wire, asked=31.0) is None
+    assert judge(wire, asked=None) is None
+    assert judge(wire, client=WATCHER_CLIENT) is None
+    # Two deliveries in the journal: not one checkpoint delivered again after a lost answer.
+    assert judge(wire, journal=twice_journal(tmp_path)) is None
     broken = wire_of(*wire.calls())
     broken.errors.append("unparsed")
-    assert judge(delivered_twice_log(), broken, stale) is None
+    assert judge(broken) is None
 
 
 # ---------------------------------------------------------------- plain consumer
