@@ -94,7 +94,7 @@ def _session(java_options: str) -> object:
     from pyspark.sql import SparkSession
 
     from millstream.connectors import python_workers
-    from millstream.connectors.app import LOCAL_CHECKPOINTS
+    from millstream.connectors.spark_session import LOCAL_CHECKPOINTS
 
     python_workers.default_worker_python()
     return (

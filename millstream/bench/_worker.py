@@ -21,7 +21,8 @@ from typing import Any
 
 from millstream.bench._harness import PROGRESS_FILE
 from millstream.bench._topologies import build
-from millstream.connectors.app import Application, endpoints, spark_session
+from millstream.connectors.app import Application, endpoints
+from millstream.connectors.spark_session import spark_session
 from millstream.settings import Settings
 from millstream.state.client import connect
 from millstream.state.keys import app_key

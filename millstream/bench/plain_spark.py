@@ -67,7 +67,7 @@ def count_partition(url: str, prefix: str, rows: Iterator[Any]) -> Iterator[int]
 def main(argv: list[str]) -> int:
     import functools
 
-    from millstream.connectors.app import spark_session
+    from millstream.connectors.spark_session import spark_session
     from millstream.settings import Settings
 
     config: dict[str, Any] = json.loads(Path(argv[1]).read_text())

@@ -587,7 +587,7 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
     from pyspark.sql import SparkSession
 
     from millstream import jvm_archive  # not at import: `python -m` runs it as a script
-    from millstream.connectors.app import LOCAL_CHECKPOINTS, WORKER_DAEMON
+    from millstream.connectors.spark_session import LOCAL_CHECKPOINTS, WORKER_DAEMON
     from millstream.settings import DRIVER_JAVA_OPTIONS
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -603,8 +603,8 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.python.authenticate.socketTimeout", "60s")  # as connectors.app does
-        .config("spark.python.daemon.module", WORKER_DAEMON)  # as connectors.app does
+        .config("spark.python.authenticate.socketTimeout", "60s")  # as connectors.spark_session does
+        .config("spark.python.daemon.module", WORKER_DAEMON)  # as connectors.spark_session does
         .config("spark.local.dir", str(workdir / "local"))
         .config("spark.sql.warehouse.dir", str(workdir / "warehouse"))
         .config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINTS)  # as run

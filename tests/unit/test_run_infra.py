@@ -209,7 +209,7 @@ topology.computation("count", Count(), inputs=["input"])
 def test_local_checkpoints_are_renamed_without_a_child_process(folder: str, local: bool) -> None:
     """On the local disk Spark's checkpoint files go through the FileSystem API (one rename(2));
     a distributed file system keeps Spark's default manager, atomic there."""
-    from millstream.connectors.app import LOCAL_CHECKPOINTS, checkpoint_config
+    from millstream.connectors.spark_session import LOCAL_CHECKPOINTS, checkpoint_config
 
     config = checkpoint_config(folder)
     if local:
@@ -221,7 +221,7 @@ def test_local_checkpoints_are_renamed_without_a_child_process(folder: str, loca
 def test_driver_jvm_options_put_the_settings_between_logging_and_the_archive() -> None:
     """The pipeline's driver JVM gets MILLSTREAM_DRIVER_JAVA_OPTIONS (C1 and the serial
     collector by default) beside the logging and class-archive options; empty leaves them."""
-    from millstream.connectors.app import driver_java_options
+    from millstream.connectors.spark_session import driver_java_options
 
     log_options = "-Dlog4j2.configurationFile=/x.xml"
     archive = ["-XX:SharedArchiveFile=/a.jsa", "-Xlog:cds=off"]
