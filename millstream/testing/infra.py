@@ -603,8 +603,8 @@ def spark_session_for_tests(workdir: Path, app_name: str = "millstream-tests") -
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.python.authenticate.socketTimeout", "60s")  # as connectors.spark_session does
-        .config("spark.python.daemon.module", WORKER_DAEMON)  # as connectors.spark_session does
+        .config("spark.python.authenticate.socketTimeout", "60s")  # as spark_session does
+        .config("spark.python.daemon.module", WORKER_DAEMON)  # as spark_session does
         .config("spark.local.dir", str(workdir / "local"))
         .config("spark.sql.warehouse.dir", str(workdir / "warehouse"))
         .config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINTS)  # as run
