@@ -933,11 +933,7 @@ def unapplied_progress_evidence(
     """
     if not doubled or not journal.exists():
         return None
-    deliveries: dict[str, list[dict[str, Any]]] = {}
-    for line in journal.read_text().splitlines():
-        entry = json.loads(line)
-        if entry["skipped"] is None:
-            deliveries.setdefault(entry["e"], []).append(entry)
+    deliveries = _sink_deliveries(journal)
     copies = _copies(partitions)
     found: list[str] = []
     for event in doubled:
@@ -1035,12 +1031,38 @@ def _stale_progress(
 
 
 def _sink_deliveries(journal: Path) -> dict[str, list[dict[str, Any]]]:
+    """Event id -> the deliveries the sink reported written (not skipped), from its journal."""
     deliveries: dict[str, list[dict[str, Any]]] = {}
     for line in journal.read_text().splitlines():
         entry = json.loads(line)
         if entry["skipped"] is None:
             deliveries.setdefault(entry["e"], []).append(entry)
     return deliveries
+
+
+def _redeliveries(
+    rule: str,
+    doubled: list[str],
+    journal: Path,
+    partitions: Sequence[list[RawBatch]],
+    wire: TxnWireLog,
+    notes: list[str],
+) -> list[tuple[str, _Redelivery]] | None:
+    """`_redelivery` of every doubled event, which both redelivery rules start from; or None,
+    the reason appended to `notes` under the rule's name."""
+    if wire.errors or not doubled or not journal.exists():
+        notes.append(f"{rule}: wire parse errors, nothing doubled or no journal")
+        return None
+    deliveries = _sink_deliveries(journal)
+    copies = _copies(partitions)
+    out = []
+    for event in doubled:
+        facts = _redelivery(event, deliveries, copies)
+        if isinstance(facts, str):
+            notes.append(f"{rule}: {facts}")
+            return None
+        out.append((event, facts))
+    return out
 
 
 def acked_commit_unapplied_progress_evidence(
@@ -1068,28 +1090,22 @@ def acked_commit_unapplied_progress_evidence(
     The answers on the wire, the markers and the offsets served are all the broker's.
     """
     notes = why if why is not None else []
-    if wire.errors or not doubled or not journal.exists():
-        notes.append("acked rule: wire parse errors, nothing doubled or no journal")
+    facts_of = _redeliveries("acked rule", doubled, journal, partitions, wire, notes)
+    if facts_of is None:
         return None
-    deliveries = _sink_deliveries(journal)
     calls = wire.calls()
-    copies = _copies(partitions)
     found: list[str] = []
-    for event in doubled:
-        facts = _redelivery(event, deliveries, copies)
-        if isinstance(facts, str):
-            notes.append(f"acked rule: {facts}")
-            return None
+    for event, facts in facts_of:
         first = facts.first
-        end = _closing_end_txn(first, topic, partitions, calls)
-        if end is None or not end.committed or end.answered_at is None:
+        start = _opening_add(first, topic, partitions, calls)
+        end = None if start is None else _first_answered_end(calls, start)
+        if start is None or end is None or not end.committed or end.answered_at is None:
             notes.append(f"acked rule: {event}: no EndTxn(commit) answered without error")
             return None
         if not end.transactional_id.endswith(f".{facts.shard}"):
             notes.append(f"acked rule: {event}: the EndTxn was another shard's")
             return None
-        start = _opening_add(first, topic, partitions, calls)
-        sent = None if start is None else _offsets_sent(calls, first, start, facts.shard, facts.seq)
+        sent = _offsets_sent(calls, first, start, facts.shard, facts.seq)
         if sent is None or sent.sent_at > end.sent_at:
             notes.append(
                 f"acked rule: {event}: its transaction's progress commit is not on the wire"
@@ -1140,18 +1156,12 @@ def reinit_unapplied_progress_evidence(
     answers on the wire and the offsets served are all the broker's.
     """
     notes = why if why is not None else []
-    if wire.errors or not doubled or not journal.exists():
-        notes.append("re-init rule: wire parse errors, nothing doubled or no journal")
+    facts_of = _redeliveries("re-init rule", doubled, journal, partitions, wire, notes)
+    if facts_of is None:
         return None
-    deliveries = _sink_deliveries(journal)
     calls = wire.calls()
-    copies = _copies(partitions)
     found: list[str] = []
-    for event in doubled:
-        facts = _redelivery(event, deliveries, copies)
-        if isinstance(facts, str):
-            notes.append(f"re-init rule: {facts}")
-            return None
+    for event, facts in facts_of:
         first, again = facts.first, facts.again
         start = _opening_add(first, topic, partitions, calls)
         if start is None:
