@@ -16,9 +16,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.sql.datasource import InputPartition
+
 from millstream.state.watermarks import Watermark
 
 TopicPartition = tuple[str, int]
+
+
+@dataclass
+class KafkaRange(InputPartition):
+    """One Spark task (or one of the driver's reads): offsets [start, end) of one Kafka
+    partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
 
 
 def tp_key(tp: TopicPartition) -> str:

@@ -18,15 +18,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTP
-from pyspark.sql.datasource import InputPartition
 
 from millstream.errors import ConfigurationError, TransientError
+from millstream.injectors._kafka_offsets import KafkaRange
 from millstream.injectors._kafka_options import KafkaInjectorOptions
 from millstream.injectors._kafka_probe import broker_error, next_events
 from millstream.injectors._kafka_rows import Columns, RowBuilder, to_batch, to_rows
@@ -54,16 +53,6 @@ ESCALATE_AFTER_S = (1.0, 3.0)
 QUIET_POLL_S = 0.25  # how often a reader that sees nothing checks its patience
 _wait_level = 0
 _LOCK = threading.Lock()
-
-
-@dataclass
-class KafkaRange(InputPartition):
-    """One Spark task: offsets [start, end) of one Kafka partition."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
 
 
 def _consumer(options: KafkaInjectorOptions) -> tuple[tuple[tuple[str, str], ...], Consumer]:

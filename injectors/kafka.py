@@ -20,10 +20,8 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import redis
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -34,20 +32,26 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from millstream.errors import TransientError
-from millstream.injectors._kafka_offsets import InjectorOffset
+from millstream.injectors._kafka_offsets import InjectorOffset, KafkaRange
 from millstream.injectors._kafka_options import (
     OPTIONS,
     SHORT_NAME,
     KafkaInjectorOptions,
     options_from_settings,
 )
-from millstream.injectors._kafka_plan import OffsetPlanner
-from millstream.injectors._kafka_read import KafkaRange, read_range, read_range_rows
 from millstream.injectors._runner_exit import exit_if_query_stopped
-from millstream.injectors._throttle_flag import ThrottleFlag
 from millstream.injectors.schema import INJECTED_SCHEMA
-from millstream.state.client import connect
 from millstream.state.watermarks import Watermark, WatermarkAuthority
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from millstream.injectors._kafka_plan import OffsetPlanner
+
+# Spark imports this module in every Python process that touches the source: the workers that
+# create the data source and plan its reads need only the class and its options. So the Kafka
+# and Redis clients, Arrow and the planner are imported where they are used (`_plan`, `read`,
+# `_publish`), and those two processes stay at about a third of the memory.
 
 __all__ = ["OPTIONS", "KafkaInjector", "KafkaRange", "KafkaStreamReader", "options_from_settings"]
 
@@ -75,6 +79,8 @@ def read_batch(
     partition. Up to eight partitions are read at once, each by a consumer of its own (kept
     warm between batches): their fetches wait on the broker side by side, not one after
     another."""
+    from millstream.injectors._kafka_read import read_range_rows
+
     parsed = KafkaInjectorOptions.parse(options)
     parts = [p for p in batch_ranges(start, end) if p.end > p.start]
     if len(parts) <= 1:
@@ -129,6 +135,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _plan(self) -> OffsetPlanner:
         if self._planner is None:
+            from millstream.injectors._kafka_plan import OffsetPlanner
+
             self._planner = OffsetPlanner(self._options)
         return self._planner
 
@@ -183,6 +191,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not self._options.throttle or not self._options.redis_url:
             return False
         if self._throttle is None:
+            from millstream.injectors._throttle_flag import ThrottleFlag
+
             self._throttle = ThrottleFlag(
                 self._options.redis_url, self._options.app, self._options.stream
             )
@@ -192,6 +202,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Raise the injector's watermark in Redis (the authority keeps it monotonic)."""
         if not self._options.redis_url or watermark == self._published:
             return
+        import redis
+
+        from millstream.state.client import connect
+
         try:
             if self._authority is None:
                 self._authority = WatermarkAuthority(
@@ -219,5 +233,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ---------------------------------------------------------------- executors
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from millstream.injectors._kafka_read import read_range
+
         assert isinstance(partition, KafkaRange), type(partition)
         return read_range(self._options, partition)

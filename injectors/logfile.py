@@ -83,10 +83,8 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from functools import partial
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-import pyarrow as pa
-import redis
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -110,10 +108,17 @@ from millstream.injectors._logfile_parse import (
     parse_line,
 )
 from millstream.injectors._logfile_plan import Budget, Planner, Rules
-from millstream.injectors._logfile_read import SliceReader, slices
 from millstream.injectors._runner_exit import exit_if_query_stopped
-from millstream.injectors._throttle_flag import ThrottleFlag
 from millstream.injectors.schema import INJECTED_SCHEMA
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from millstream.injectors._logfile_read import SliceReader
+
+# As in `injectors/kafka.py`: the processes that only create the source or plan its reads
+# import this module too, so Arrow (the slice reader) and Redis's client are imported where
+# they are used.
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +156,8 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, settings: LogFileOptions) -> None:
         self.settings = settings
-        self._slices = slice_reader(settings)
+        self._slice_reader: SliceReader | None = None  # built at the first read
+        parser = settings.line_parser()[0]
         self._planner = Planner(
             directory=settings.path,
             pattern=settings.pattern,
@@ -161,18 +167,18 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 tick_ms=settings.tick_ms,
                 tail_clock=settings.tail_watermark == "clock",
             ),
-            first_timestamp=partial(first_line_timestamp, self._slices.parser),
-            last_timestamp=partial(last_line_timestamp, self._slices.parser),
+            first_timestamp=partial(first_line_timestamp, parser),
+            last_timestamp=partial(last_line_timestamp, parser),
         )
         # AvailableNow: the files and sizes present when the trigger started, and that moment.
         self._snapshot: tuple[dict[tuple[int, int], int], int] | None = None
         self._published: tuple[int, int] | None = None  # skips needless Redis round trips
         self._published_counts: dict[str, int] = {}
-        self._throttle = (
-            ThrottleFlag(settings.redis_url, settings.app or "", settings.stream)
-            if settings.throttle and settings.redis_url
-            else None
-        )
+        self._throttle: Any = None
+        if settings.throttle and settings.redis_url:
+            from millstream.injectors._throttle_flag import ThrottleFlag
+
+            self._throttle = ThrottleFlag(settings.redis_url, settings.app or "", settings.stream)
 
     # --- Spark calls (driver) ----------------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
@@ -204,6 +210,8 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._snapshot = ({i: e.size for i, e in entries.items()}, _now_ms())
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        from millstream.injectors._logfile_read import slices
+
         return slices(
             Position.from_offset(start),
             Position.from_offset(end),
@@ -238,7 +246,9 @@ class LogFileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # --- executors -----------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return self._slices.read(partition)
+        if self._slice_reader is None:
+            self._slice_reader = slice_reader(self.settings)
+        return self._slice_reader.read(partition)
 
 
 def read_batch(
@@ -248,6 +258,8 @@ def read_batch(
     from `start` to `end` (offsets as Spark logs them), cut as `partitions` cuts them and read
     by the reader Spark's tasks run, built afresh as a task's is: the same rows, ids and
     errors."""
+    from millstream.injectors._logfile_read import slices
+
     settings = LogFileOptions.from_options(options)
     reader = slice_reader(settings)
     parts = slices(Position.from_offset(dict(start)), Position.from_offset(dict(end)),
@@ -258,6 +270,8 @@ def read_batch(
 
 def slice_reader(settings: LogFileOptions) -> SliceReader:
     """The reader of a batch's slices, as Spark's tasks and the driver read run it."""
+    from millstream.injectors._logfile_read import SliceReader
+
     parser, parser_name = settings.line_parser()
     return SliceReader(
         stream=settings.stream,
@@ -314,6 +328,8 @@ def _budget(limit: ReadLimit) -> Budget:
 
 def publish_watermark(settings: LogFileOptions, wm: tuple[int, int]) -> None:
     """Raise this instance's injector watermark in the authority; Redis keeps the maximum."""
+    import redis
+
     from millstream.state.client import connect
     from millstream.state.watermarks import Watermark, WatermarkAuthority
 
@@ -331,6 +347,8 @@ def publish_watermark(settings: LogFileOptions, wm: tuple[int, int]) -> None:
 def publish_counts(settings: LogFileOptions, counts: dict[str, int]) -> bool:
     """What rotation did (`_logfile_offset.EVENTS`), for `millstream status`: the counts this
     checkpoint's positions carry, so a replayed or re-published batch sets the same values."""
+    import redis
+
     from millstream.state.client import connect
     from millstream.state.keys import INJECTOR_EVENTS, app_key
 

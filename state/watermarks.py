@@ -12,9 +12,12 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from millstream.state.client import RedisClient
 from millstream.state.keys import app_key
+
+if TYPE_CHECKING:
+    from millstream.state.client import RedisClient
 
 # Held when nothing is known yet (no injector has reported): nothing may fire.
 UNKNOWN = -(2**62)
