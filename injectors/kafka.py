@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 # Spark imports this module in every Python process that touches the source: the workers that
 # create the data source and plan its reads need only the class and its options. So the Kafka
 # and Redis clients, Arrow and the planner are imported where they are used (`_plan`, `read`,
-# `_publish`), and those two processes stay at about a third of the memory.
+# `_publish`): the data source's process peaked at 39 MB instead of 104 (README, Memory).
 
 __all__ = ["OPTIONS", "KafkaInjector", "KafkaRange", "KafkaStreamReader", "options_from_settings"]
 
