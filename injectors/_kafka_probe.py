@@ -34,10 +34,12 @@ How end offsets are learned, and why:
   `read_committed` then wait for that transaction to end, as every read_committed consumer
   does, and skip aborted records and markers (see `_kafka_read`).
 * A caught-up partition's estimate also uses its last record below the batch's end offset
-  (see `watermark`). The probe's own fetch usually brings it (`Peek.last`); when it did not,
-  `last_records` fetches LOOKBACK offsets before the end and reads up to the end. Why this is
-  right on Apache Kafka, not only here: the end offset of a caught-up
-  partition is a high watermark a Fetch reported; a Kafka consumer is never handed a record
+  (see `watermark`). The probe's own fetch usually brings it (`Peek.last`); when that fetch
+  stopped a little short of its high watermark, the planner ends the batch just after the
+  newest record it brought (`_kafka_plan`); otherwise `last_records` fetches LOOKBACK offsets
+  before the end and reads up to the end. Why this is right on Apache Kafka, not only here:
+  the end offset of a caught-up partition is a high watermark a Fetch reported, or an offset
+  below it just after a record that fetch brought; a Kafka consumer is never handed a record
   above the high watermark, and the offsets below it are committed to every in-sync replica
   and never rewritten (an append-only log; a new leader keeps them). So the records this
   fetch sees below the end are the ones the batch's readers see (under `read_committed`, less
@@ -83,6 +85,14 @@ ESCALATE_AFTER_S = (0.5, 2.0)
 LOOKBACK = 16
 _wait_level = 0  # index into FETCH_WAITS_MS, for every probe of this process from then on
 PROBE_QUEUE = 1000  # records a probe's consumer queues before it stops fetching
+# Bytes a probe's fetch may bring per partition. The records since the last probe are what a
+# caught-up partition's estimate needs the last of; at 5,000 events/s and 1.5 s triggers they
+# are 2,000 records a partition, and a 64 KiB fetch held the last in none of 21 probes here,
+# so each needed `last_records`' second fetch. librdkafka's default, 1 MiB, holds them.
+PROBE_FETCH_BYTES = 1024 * 1024
+# Records a probe reads from what its fetch queued, looking for the one below the high
+# watermark, before it leaves that to `last_records`.
+PROBE_DRAIN = 20_000
 QUEUE_BACKOFF_MS = 10  # how soon it fetches again once its queue drained below that
 
 Headers = list[tuple[str, bytes | None]]
@@ -98,9 +108,13 @@ class Peek:
     key: bytes | None = None
     value: bytes | None = None
     headers: Headers | None = None
-    # The record at `high - 1` when the same fetch brought it (`probe` only): a caught-up
-    # partition's last record below its end, without `last_records`' second round trip.
+    # The newest record below `high` that the same fetch brought, maybe this one (`probe`
+    # only): a caught-up partition's batch ends after it when the fetch did not reach `high`,
+    # so its last record is known without `last_records`' second round trip.
     last: Peek | None = None
+    # The fetch brought about its byte limit from here to `last` (`probe` only): it stopped
+    # for a backlog, not short of `high`.
+    full: bool = False
 
 
 def next_events(consumer: Consumer, limit: int, timeout: float) -> list[Any]:
@@ -186,7 +200,7 @@ class PartitionProbe:
                 **{
                     "isolation.level": "read_uncommitted",
                     "fetch.wait.max.ms": FETCH_WAITS_MS[_wait_level],
-                    "max.partition.fetch.bytes": 65536,
+                    "max.partition.fetch.bytes": PROBE_FETCH_BYTES,
                     # A probe needs one event per partition; see the module docstring.
                     "queued.min.messages": PROBE_QUEUE,
                     "fetch.queue.backoff.ms": QUEUE_BACKOFF_MS,
@@ -232,10 +246,11 @@ class PartitionProbe:
             return {}
         seen = self._answered(at, lambda deadline: self._fetch_once(at, deadline))
         out: dict[TopicPartition, Peek] = {}
-        for tp, (message, high, last) in seen.items():
+        for tp, (message, high, last, brought) in seen.items():
             peek = self._peek(tp, (message, high))
             if last is not None and peek.offset is not None and peek.high == high:
-                peek = replace(peek, last=self._peek(tp, (last, high)))
+                full = brought >= PROBE_FETCH_BYTES // 2
+                peek = replace(peek, last=self._peek(tp, (last, high)), full=full)
             out[tp] = peek
         return out
 
@@ -296,21 +311,30 @@ class PartitionProbe:
 
     def _fetch_once(
         self, at: Mapping[TopicPartition, int], deadline: float
-    ) -> dict[TopicPartition, tuple[Any, int, Any]]:
+    ) -> dict[TopicPartition, tuple[Any, int, Any, int]]:
         """The first event of each partition (record or EOF) seen before `deadline`, the high
-        watermark of the fetch that brought it, and the record just below that high watermark
-        when it came in the messages already fetched (else None).
+        watermark of the fetch that brought it, the newest record below that high watermark
+        among the messages already fetched (None if the first event was EOF), and the bytes of
+        the records from the first to it.
 
-        The last record is what a caught-up partition's watermark estimate needs (see
-        `last_records`); the fetch that answers the probe usually holds it (a trigger's new
-        records fit in one response), and taking it here saves a second round trip per
-        trigger, which on the embedded broker cost 145-195 ms (p50) on top of the probe's.
+        A caught-up partition's watermark estimate needs its last record below the batch's end
+        (see `last_records`); the planner ends the batch at the newest record brought here
+        when the fetch did not reach the high watermark (`_kafka_plan`), so a trigger needs no
+        second round trip, which on the embedded broker cost 145-195 ms (p50) on top of the
+        probe's, and up to 0.5 s under load.
         """
         consumer = self._client()
         servers = self._options.bootstrap_servers
         consumer.assign([KafkaTP(t, p, offset) for (t, p), offset in at.items()])
         seen: dict[TopicPartition, tuple[Any, int]] = {}
-        last: dict[TopicPartition, Any] = {}
+        newest: dict[TopicPartition, Any] = {}
+        brought: dict[TopicPartition, int] = {}
+
+        def keep(tp: TopicPartition, message: Any) -> None:
+            newest[tp] = message
+            brought[tp] = (
+                brought.get(tp, 0) + len(message.key() or b"") + len(message.value() or b"")
+            )
 
         def take(messages: list[Any]) -> None:
             for message in messages:
@@ -319,8 +343,10 @@ class PartitionProbe:
                     continue
                 first = seen.get(tp)
                 if first is not None:
-                    if message.error() is None and message.offset() == first[1] - 1:
-                        last[tp] = message
+                    # A partition's records come in offset order; later fetches' ones (at
+                    # or beyond this fetch's high watermark) are not this probe's.
+                    if message.error() is None and message.offset() < first[1]:
+                        keep(tp, message)
                     continue
                 err = message.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
@@ -329,8 +355,16 @@ class PartitionProbe:
                 # records: read now, it is the one of the fetch that brought this event.
                 high = consumer.get_watermark_offsets(KafkaTP(*tp), cached=True)[1]
                 seen[tp] = (message, high)
-                if err is None and message.offset() == high - 1:
-                    last[tp] = message
+                if err is None and message.offset() < high:
+                    keep(tp, message)
+
+        def short() -> bool:
+            """Some partition's records so far end below its fetch's high watermark."""
+            for tp, (message, high) in seen.items():
+                last = newest.get(tp, message)
+                if last.error() is None and last.offset() < high - 1:
+                    return True
+            return False
 
         try:
             while len(seen) < len(at):
@@ -338,9 +372,17 @@ class PartitionProbe:
                 if remaining <= 0:
                     break
                 take(next_events(consumer, 1000, min(remaining, 1.0)))
-            if len(seen) == len(at) and len(last) < len(seen):
-                take(consumer.consume(1000, timeout=0))  # what is fetched already, no wait
-            return {tp: (message, high, last.get(tp)) for tp, (message, high) in seen.items()}
+            drained = 0  # what the fetches queued already, read without waiting
+            while len(seen) == len(at) and drained < PROBE_DRAIN and short():
+                queued = consumer.consume(1000, timeout=0)
+                if not queued:
+                    break
+                drained += len(queued)
+                take(queued)
+            return {
+                tp: (message, high, newest.get(tp), brought.get(tp, 0))
+                for tp, (message, high) in seen.items()
+            }
         finally:
             consumer.unassign()
 

@@ -7,6 +7,7 @@ record below an end offset).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -424,20 +425,76 @@ def test_planner_caught_up_watermark_is_the_newest_record_not_the_idle_bound() -
     one = plan.latest(end, limit=None)
     assert one is not None and one.watermark == Watermark(t - 50, t - 50)
     assert len(log.lasts) == 1
-    # Several new records: one probe for the last below the end.
+    # Several new records, of which the probe's fetch brought only the first (it stopped short
+    # of the high watermark): the batch ends after that record, its times are the estimate,
+    # and no second probe runs; the rest is the next batch's.
     log.log[("t", 0)].extend([(4, t - 40), (5, t - 10)])
-    several = plan.latest(one, limit=None)
-    assert several is not None and several.watermark == Watermark(t - 20, t - 20)
+    short = plan.latest(one, limit=None)
+    assert short is not None and short.positions == {("t", 0): 5, ("t", 1): 2}
+    assert short.watermark == Watermark(t - 40, t - 40)
+    assert len(log.lasts) == 1
+    # Nothing newer: the next batch reads the record left over and ends at the high watermark
+    # the last probe saw, whose last record takes the one probe.
+    rest = plan.latest(short, limit=None)
+    assert rest is not None and rest.positions == {("t", 0): 6, ("t", 1): 2}
+    assert rest.watermark == Watermark(t - 20, t - 20)
     assert log.lasts[-1] == {("t", 0): 6}
     # Several new records that came in the probe's own fetch (`Peek.last`): no second probe,
     # the same estimate as from it.
     log.brings_last = True
     log.log[("t", 0)].extend([(6, t - 8), (7, t - 5)])
     log.log[("t", 1)].extend([(2, t - 9), (3, t - 6)])
-    brought = plan.latest(several, limit=None)
+    brought = plan.latest(rest, limit=None)
     assert brought is not None and brought.positions == {("t", 0): 8, ("t", 1): 4}
     assert brought.watermark == Watermark(t - 6, t - 6)
     assert len(log.lasts) == 2
+
+
+def test_a_fetch_short_of_its_high_watermark_ends_the_batch_at_its_newest_record() -> None:
+    # The fetch brought offsets 3..5 of 3..8 (the embedded broker reads the high watermark
+    # after the records): the batch ends at 6 with record 5's times, no second probe.
+    t = now_ms()
+    log = ShortFetchProbe(
+        {("t", 0): [(i, t - 100 + i) for i in range(9)], ("t", 1): [(0, t - 500), (1, t - 400)]},
+        brought=3,
+    )
+    plan = planner(log, idleSlackMs="60000")
+    start = InjectorOffset({("t", 0): 3, ("t", 1): 0}, Watermark(0, 0), 0)
+    plan._known_high = {("t", 0): 3, ("t", 1): 0}
+    end = plan.latest(start, limit=None)
+    assert end is not None and end.positions == {("t", 0): 6, ("t", 1): 2}
+    assert end.watermark == Watermark(t - 400, t - 400)  # partition 1's newest: the minimum
+    assert log.lasts == []
+    # A backlog beyond what one fetch brings (3 of 3..19, its byte limit) is read whole: the
+    # end stays at the high watermark and its last record takes the second probe.
+    log.log[("t", 0)] = [(i, t - 100 + i) for i in range(20)]
+    backlog = planner(log, idleSlackMs="60000")
+    backlog._known_high = {("t", 0): 3, ("t", 1): 0}
+    whole = backlog.latest(start, limit=None)
+    assert whole is not None and whole.positions == {("t", 0): 20, ("t", 1): 2}
+    assert whole.watermark == Watermark(t - 400, t - 400)
+    assert log.lasts == [{("t", 0): 20}]
+
+
+class ShortFetchProbe(LogProbe):
+    """A LogProbe whose fetch brings at most `brought` records of each partition; it stops at
+    its byte limit (`Peek.full`) when more than that many records were left out."""
+
+    def __init__(self, log: dict[tuple[str, int], list[tuple[int, int]]], brought: int) -> None:
+        super().__init__(log)
+        self.brought = brought
+
+    def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+        out = {}
+        for tp, peek in super().probe(at).items():
+            if peek.offset is not None:
+                o = min(peek.offset + self.brought - 1, peek.high - 1)
+                ts = dict(self.log[tp])[o]
+                newest = Peek(high=peek.high, offset=o, timestamp=ts, key=b"k", value=b"v")
+                full = peek.high - 1 - o > self.brought
+                peek = dataclasses.replace(peek, last=newest, full=full)
+            out[tp] = peek
+        return out
 
 
 def test_planner_quiet_partition_and_timestamp_extractor() -> None:
@@ -603,6 +660,7 @@ def test_a_partition_about_to_catch_up_is_judged_against_fresh_high_watermarks()
     # caught up: its records were left for a later batch, and this batch's watermark (the
     # clock's for partition 1, partition 0's next record) passed them: late.
     log = LogProbe({("t", 0): [(i, 1_000 + i) for i in range(100)], ("t", 1): [(0, 2_000)]})
+    log.brings_last = True  # each fetch reaches its high watermark
     plan = planner(log)
     first = plan.latest(plan.initial(), limit=20)
     assert first is not None and first.positions == {("t", 0): 19, ("t", 1): 1}
