@@ -85,8 +85,10 @@ class OffsetPlanner:
 
     # ---------------------------------------------------------------- probing helpers
 
-    def _probe_at(self, at: Mapping[TopicPartition, int]) -> dict[TopicPartition, Peek]:
-        peeks = self._observed(self._probe.probe, at)
+    def _probe_at(
+        self, at: Mapping[TopicPartition, int], drain: bool = False
+    ) -> dict[TopicPartition, Peek]:
+        peeks = self._observed(lambda offsets: self._probe.probe(offsets, drain=drain), at)
         for tp, peek in peeks.items():
             self._known_high[tp] = peek.high
         return peeks
@@ -207,26 +209,24 @@ class OffsetPlanner:
         return out
 
     @staticmethod
-    def _fetch_end(peek: Peek | None, position: int, end: int) -> int:
-        """A caught-up partition's end: `end` (its high watermark), or just after the newest
-        record step 1's fetch brought when that fetch stopped short of it.
+    def _cut(peek: Peek | None, position: int, end: int) -> Peek | None:
+        """The newest record step 1's fetch brought, when that fetch stopped short of the high
+        watermark `end` below its byte limit; None to end the batch at `end`.
 
-        A fetch may end below the high watermark it reports (the embedded broker reads it after
-        the records: about 15% of probes at 1,000 events/s), and the last record below the high
-        watermark then cost a second fetch, 0.1-0.5 s of the trigger on that broker. Ending
-        after the newest record brought is what a batch planned a moment earlier would have
-        done: the partition is caught up at that end, its estimate is that record's times, and
-        the records after it, written after it and so older than it by at most the stream's
-        out-of-order bound (the rule every caught-up estimate rests on, see `watermark`), are
-        the next batch's first ones. Not when the fetch stopped at its byte limit: a backlog
-        is read whole and takes the second fetch, not cut to one fetch's bytes."""
-        if peek is None or peek.offset is None:
-            return end
+        On the embedded broker a fetch's high watermark is read after its records (about 15%
+        of probes at 1,000 events/s), and the record below it then cost a second fetch, 0.1-
+        0.5 s of the trigger. Instead the batch ends after the newest record brought, and the
+        partition counts as lagging with that record's times standing in for the next
+        record's: the records after it, already in the log, were written after it, so they are
+        older than it by at most the stream's out-of-order bound, which the runtime subtracts
+        (`watermark`). The idle bound does not apply: those records are pending work, however
+        old. A fetch at its byte limit (a backlog) is read whole instead, with the second
+        fetch, so catch-up batches are not cut to one fetch's bytes."""
+        if peek is None or peek.offset is None or peek.full:
+            return None
         newest = peek.last if peek.last is not None else peek
         assert newest.offset is not None
-        if position <= newest.offset < end - 1 and not peek.full:
-            return newest.offset + 1
-        return end
+        return newest if position <= newest.offset < end - 1 else None
 
     def _record_times(self, peek: Peek, now: int) -> Watermark | None:
         """(event, system) ms of a peeked record; None when the peek found no record."""
@@ -327,7 +327,7 @@ class OffsetPlanner:
         if not skip:
             at.update({tp: max(p, self._known_high.get(tp, p)) for tp, p in positions.items()})
         if at:
-            first = self._probe_at(at)
+            first = self._probe_at(at, drain=True)
         high = {tp: self._known_high.get(tp, pos) for tp, pos in positions.items()}
 
         # 2. Admission control over what is available (capped at the AvailableNow targets).
@@ -346,15 +346,25 @@ class OffsetPlanner:
             peeks.update(found)
         else:
             peeks.update(self._probe_at(missing))
-        # 4. Caught-up partitions: the last record below the end offset (see `watermark`),
-        #    the end moved back to the newest record step 1's fetch brought (`_fetch_end`).
+        # 4. Caught-up partitions: the last record below the end offset (see `watermark`).
+        #    One whose fetch stopped short of its high watermark ends after the newest record
+        #    it brought, whose times stand in for the next record's (`_cut`).
         caught = {tp: e for tp, e in end.items() if e >= high[tp]}
+        cut: dict[TopicPartition, Watermark] = {}
         for tp, e in caught.items():
-            end[tp] = caught[tp] = self._fetch_end(first.get(tp), positions[tp], e)
-        last = self._caught_up_records(caught, first, now)
+            newest = self._cut(first.get(tp), positions[tp], e)
+            times = None if newest is None else self._last_times(newest, now)
+            if newest is not None and newest.offset is not None and times is not None:
+                end[tp] = newest.offset + 1
+                cut[tp] = times.min(Watermark(now, now))
+        last = self._caught_up_records(
+            {tp: e for tp, e in caught.items() if tp not in cut}, first, now
+        )
         progress = [
-            PartitionProgress(None, last[tp])
-            if tp in caught
+            PartitionProgress(cut[tp])
+            if tp in cut
+            else PartitionProgress(None, last[tp])
+            if tp in last
             else PartitionProgress(self._record_times(peeks[tp], now))
             for tp in end
         ]

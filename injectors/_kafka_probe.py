@@ -34,12 +34,13 @@ How end offsets are learned, and why:
   `read_committed` then wait for that transaction to end, as every read_committed consumer
   does, and skip aborted records and markers (see `_kafka_read`).
 * A caught-up partition's estimate also uses its last record below the batch's end offset
-  (see `watermark`). The probe's own fetch usually brings it (`Peek.last`); when that fetch
-  stopped a little short of its high watermark, the planner ends the batch just after the
-  newest record it brought (`_kafka_plan`); otherwise `last_records` fetches LOOKBACK offsets
-  before the end and reads up to the end. Why this is right on Apache Kafka, not only here:
-  the end offset of a caught-up partition is a high watermark a Fetch reported, or an offset
-  below it just after a record that fetch brought; a Kafka consumer is never handed a record
+  (see `watermark`). The planner's probe of the high watermarks reads what its fetches queued
+  (`drain`), so it usually brings that record (`Peek.last`); when it stopped short of its high
+  watermark below its byte limit, the planner ends the batch just after the newest record it
+  brought, as a lagging partition (`_kafka_plan._cut`); otherwise `last_records` fetches
+  LOOKBACK offsets before the end and reads up to the end. Why the last record is right on
+  Apache Kafka, not only here: the end offset of a caught-up partition is a high watermark a
+  Fetch reported; a Kafka consumer is never handed a record
   above the high watermark, and the offsets below it are committed to every in-sync replica
   and never rewritten (an append-only log; a new leader keeps them). So the records this
   fetch sees below the end are the ones the batch's readers see (under `read_committed`, less
@@ -90,9 +91,12 @@ PROBE_QUEUE = 1000  # records a probe's consumer queues before it stops fetching
 # are 2,000 records a partition, and a 64 KiB fetch held the last in none of 21 probes here,
 # so each needed `last_records`' second fetch. librdkafka's default, 1 MiB, holds them.
 PROBE_FETCH_BYTES = 1024 * 1024
-# Records a probe reads from what its fetch queued, looking for the one below the high
-# watermark, before it leaves that to `last_records`.
+# Records a draining probe reads from what its fetches queued, looking for the one below the
+# high watermark; past that, the newest one read so far stands.
 PROBE_DRAIN = 20_000
+# A probe that brought this share of its byte limit (keys, values and headers; the record
+# framing is not counted) stopped at the limit: a backlog, not a fetch short of its end.
+FULL_SHARE = 4
 QUEUE_BACKOFF_MS = 10  # how soon it fetches again once its queue drained below that
 
 Headers = list[tuple[str, bytes | None]]
@@ -108,12 +112,12 @@ class Peek:
     key: bytes | None = None
     value: bytes | None = None
     headers: Headers | None = None
-    # The newest record below `high` that the same fetch brought, maybe this one (`probe`
-    # only): a caught-up partition's batch ends after it when the fetch did not reach `high`,
-    # so its last record is known without `last_records`' second round trip.
+    # The newest record below `high` among what the fetches had queued, maybe this one (a
+    # draining `probe` only): the record below `high` without `last_records`' second round
+    # trip, or, short of it, where the planner may end a caught-up partition's batch.
     last: Peek | None = None
     # The fetch brought about its byte limit from here to `last` (`probe` only): it stopped
-    # for a backlog, not short of `high`.
+    # for a backlog, not short of `high` (`FULL_SHARE`).
     full: bool = False
 
 
@@ -240,16 +244,20 @@ class PartitionProbe:
         self._listed_at = now
         return found
 
-    def probe(self, at: Mapping[TopicPartition, int]) -> dict[TopicPartition, Peek]:
-        """Fetch once at each given offset (or EARLIEST); one round trip for all partitions."""
+    def probe(
+        self, at: Mapping[TopicPartition, int], *, drain: bool = False
+    ) -> dict[TopicPartition, Peek]:
+        """Fetch once at each given offset (or EARLIEST); one round trip for all partitions.
+        With `drain`, also read what the fetches queued already, for `Peek.last` and
+        `Peek.full` (the planner's probe of the high watermarks: see `_fetch_once`)."""
         if not at:
             return {}
-        seen = self._answered(at, lambda deadline: self._fetch_once(at, deadline))
+        seen = self._answered(at, lambda deadline: self._fetch_once(at, deadline, drain))
         out: dict[TopicPartition, Peek] = {}
         for tp, (message, high, last, brought) in seen.items():
             peek = self._peek(tp, (message, high))
             if last is not None and peek.offset is not None and peek.high == high:
-                full = brought >= PROBE_FETCH_BYTES // 2
+                full = brought >= PROBE_FETCH_BYTES // FULL_SHARE
                 peek = replace(peek, last=self._peek(tp, (last, high)), full=full)
             out[tp] = peek
         return out
@@ -310,18 +318,20 @@ class PartitionProbe:
             self.close()  # the next _client() uses the longer wait
 
     def _fetch_once(
-        self, at: Mapping[TopicPartition, int], deadline: float
+        self, at: Mapping[TopicPartition, int], deadline: float, drain: bool
     ) -> dict[TopicPartition, tuple[Any, int, Any, int]]:
         """The first event of each partition (record or EOF) seen before `deadline`, the high
         watermark of the fetch that brought it, the newest record below that high watermark
-        among the messages already fetched (None if the first event was EOF), and the bytes of
-        the records from the first to it.
+        among the messages read (None if the first event was EOF), and the bytes of keys,
+        values and headers from the first record to it.
 
-        A caught-up partition's watermark estimate needs its last record below the batch's end
-        (see `last_records`); the planner ends the batch at the newest record brought here
-        when the fetch did not reach the high watermark (`_kafka_plan`), so a trigger needs no
-        second round trip, which on the embedded broker cost 145-195 ms (p50) on top of the
-        probe's, and up to 0.5 s under load.
+        With `drain`, what the fetches queued already is read too, until each partition's
+        records reach the high watermark or its byte limit (`FULL_SHARE`): a caught-up
+        partition's estimate needs its last record below the batch's end (see
+        `last_records`), and the planner ends the batch after the newest record read here
+        when they did not reach it (`_kafka_plan._cut`), so a trigger needs no second round
+        trip, which on the embedded broker cost 145-195 ms (p50) on top of the probe's, and up
+        to 0.5 s under load.
         """
         consumer = self._client()
         servers = self._options.bootstrap_servers
@@ -332,9 +342,10 @@ class PartitionProbe:
 
         def keep(tp: TopicPartition, message: Any) -> None:
             newest[tp] = message
-            brought[tp] = (
-                brought.get(tp, 0) + len(message.key() or b"") + len(message.value() or b"")
-            )
+            size = len(message.key() or b"") + len(message.value() or b"")
+            for name, value in message.headers() or ():
+                size += len(name) + len(value or b"")
+            brought[tp] = brought.get(tp, 0) + size
 
         def take(messages: list[Any]) -> None:
             for message in messages:
@@ -359,10 +370,12 @@ class PartitionProbe:
                     keep(tp, message)
 
         def short() -> bool:
-            """Some partition's records so far end below its fetch's high watermark."""
+            """Some partition's records so far end below its fetch's high watermark, and not
+            at the fetch's byte limit (then the rest is a backlog, not worth reading here)."""
+            full = PROBE_FETCH_BYTES // FULL_SHARE
             for tp, (message, high) in seen.items():
                 last = newest.get(tp, message)
-                if last.error() is None and last.offset() < high - 1:
+                if last.error() is None and last.offset() < high - 1 and brought.get(tp, 0) < full:
                     return True
             return False
 
@@ -373,7 +386,7 @@ class PartitionProbe:
                     break
                 take(next_events(consumer, 1000, min(remaining, 1.0)))
             drained = 0  # what the fetches queued already, read without waiting
-            while len(seen) == len(at) and drained < PROBE_DRAIN and short():
+            while drain and len(seen) == len(at) and drained < PROBE_DRAIN and short():
                 queued = consumer.consume(1000, timeout=0)
                 if not queued:
                     break

@@ -44,7 +44,9 @@ class PartitionProgress:
     """One partition as seen at a batch's end offset.
 
     `next_record` is the (event ms, system ms) of the first record at or after the end offset
-    when the partition has lag, and None when the end offset is the partition's end.
+    when the partition has lag, and None when the end offset is the partition's end. A batch
+    the planner ended after the newest record its probe's fetch brought, short of the high
+    watermark, has lag: that record's times stand in for the next one's (`_kafka_plan._cut`).
     `last_record` (caught up only) is the (event ms, system ms) of the last record below the end
     offset, None when unknown (no record there, no usable timestamp): then only the idle bound.
     """

@@ -254,7 +254,9 @@ class LogProbe:
     def partitions(self) -> list[tuple[str, int]]:
         return sorted(self.log)
 
-    def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+    def probe(
+        self, at: Mapping[tuple[str, int], int], drain: bool = False
+    ) -> dict[tuple[str, int], Peek]:
         self.probes.append(dict(at))
         out = {}
         for tp, offset in at.items():
@@ -372,10 +374,12 @@ class FlakyLogProbe(LogProbe):
 
     down = False
 
-    def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+    def probe(
+        self, at: Mapping[tuple[str, int], int], drain: bool = False
+    ) -> dict[tuple[str, int], Peek]:
         if self.down:
             raise TransientError("Kafka sent no fetch response (test: broker down)")
-        return super().probe(at)
+        return super().probe(at, drain)
 
     def last_records(self, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
         if self.down:
@@ -455,7 +459,7 @@ def test_a_fetch_short_of_its_high_watermark_ends_the_batch_at_its_newest_record
     # after the records): the batch ends at 6 with record 5's times, no second probe.
     t = now_ms()
     log = ShortFetchProbe(
-        {("t", 0): [(i, t - 100 + i) for i in range(9)], ("t", 1): [(0, t - 500), (1, t - 400)]},
+        {("t", 0): [(i, t - 100 + i) for i in range(9)], ("t", 1): [(0, t - 20), (1, t - 10)]},
         brought=3,
     )
     plan = planner(log, idleSlackMs="60000")
@@ -463,7 +467,7 @@ def test_a_fetch_short_of_its_high_watermark_ends_the_batch_at_its_newest_record
     plan._known_high = {("t", 0): 3, ("t", 1): 0}
     end = plan.latest(start, limit=None)
     assert end is not None and end.positions == {("t", 0): 6, ("t", 1): 2}
-    assert end.watermark == Watermark(t - 400, t - 400)  # partition 1's newest: the minimum
+    assert end.watermark == Watermark(t - 95, t - 95)  # record 5's: partition 0 is the minimum
     assert log.lasts == []
     # A backlog beyond what one fetch brings (3 of 3..19, its byte limit) is read whole: the
     # end stays at the high watermark and its last record takes the second probe.
@@ -472,8 +476,41 @@ def test_a_fetch_short_of_its_high_watermark_ends_the_batch_at_its_newest_record
     backlog._known_high = {("t", 0): 3, ("t", 1): 0}
     whole = backlog.latest(start, limit=None)
     assert whole is not None and whole.positions == {("t", 0): 20, ("t", 1): 2}
-    assert whole.watermark == Watermark(t - 400, t - 400)
+    assert whole.watermark == Watermark(t - 81, t - 81)  # record 19's
     assert log.lasts == [{("t", 0): 20}]
+
+
+def test_records_left_after_a_short_fetch_are_pending_however_old() -> None:
+    # A restart over ten minutes of records: the fetch at the checkpoint's position stopped
+    # short of its high watermark below its byte limit (a log segment's end on Apache Kafka).
+    # The records after the cut are in the log and unread: the estimate is the newest record
+    # brought, not the idle bound now - 2 s, which would make the rest of the backlog late.
+    t = now_ms()
+    old = [(i, t - 600_000 + i) for i in range(9)]
+    log = ShortFetchProbe({("t", 0): old}, brought=5)
+    plan = planner(log)  # idleSlackMs=2000
+    start = InjectorOffset({("t", 0): 0}, Watermark(0, 0), 0)
+    end = plan.latest(start, limit=None)
+    assert end is not None and end.positions == {("t", 0): 5}
+    assert end.watermark == Watermark(t - 600_000 + 4, t - 600_000 + 4)
+    rest = plan.latest(end, limit=None)  # the next fetch reaches the end: caught up
+    assert rest is not None and rest.positions == {("t", 0): 9}
+    assert end.watermark.event <= min(ts for o, ts in old if o >= 5)  # none of them late
+
+
+def test_a_partition_about_to_catch_up_whose_fetch_stops_short_keeps_its_records_on_time() -> None:
+    # As below, but partition 1's fetch brings only its first new record: the batch ends after
+    # it, and the estimate stays at or below the record left for the next batch.
+    log = LogProbe({("t", 0): [(i, 1_000 + i) for i in range(100)], ("t", 1): [(0, 2_000)]})
+    plan = planner(log)
+    first = plan.latest(plan.initial(), limit=20)
+    assert first is not None and first.positions == {("t", 0): 19, ("t", 1): 1}
+    log.log[("t", 1)] += [(1, 1_025), (2, 1_026)]
+    second = plan.latest(first, limit=20)
+    assert second is not None and second.positions == {("t", 0): 37, ("t", 1): 2}
+    assert second.watermark == Watermark(1_025, 1_025)
+    third = plan.latest(second, limit=20)
+    assert third is not None and third.positions[("t", 1)] == 3  # 1,026: read, on time
 
 
 class ShortFetchProbe(LogProbe):
@@ -484,9 +521,11 @@ class ShortFetchProbe(LogProbe):
         super().__init__(log)
         self.brought = brought
 
-    def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+    def probe(
+        self, at: Mapping[tuple[str, int], int], drain: bool = False
+    ) -> dict[tuple[str, int], Peek]:
         out = {}
-        for tp, peek in super().probe(at).items():
+        for tp, peek in super().probe(at, drain).items():
             if peek.offset is not None:
                 o = min(peek.offset + self.brought - 1, peek.high - 1)
                 ts = dict(self.log[tp])[o]
@@ -638,10 +677,12 @@ def test_a_probe_ahead_for_other_offsets_is_not_used() -> None:
 
 def test_a_failed_probe_ahead_gives_way_to_a_fresh_one() -> None:
     class AheadFails(LogProbe):
-        def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+        def probe(
+            self, at: Mapping[tuple[str, int], int], drain: bool = False
+        ) -> dict[tuple[str, int], Peek]:
             if threading.current_thread().name.startswith("millstream-probe-ahead"):
                 raise TransientError("Kafka sent no fetch response (test)")
-            return super().probe(at)
+            return super().probe(at, drain)
 
     log = AheadFails({("t", 0): [(i, i) for i in range(100)]})
     plan = planner(log)
@@ -678,10 +719,12 @@ def test_closing_does_not_wait_for_a_probe_ahead_that_hangs() -> None:
     class AheadHangs(LogProbe):
         closed = False
 
-        def probe(self, at: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], Peek]:
+        def probe(
+            self, at: Mapping[tuple[str, int], int], drain: bool = False
+        ) -> dict[tuple[str, int], Peek]:
             if threading.current_thread().name.startswith("millstream-probe-ahead"):
                 release.wait(10)  # a broker that went quiet: up to the probe's timeout
-            return super().probe(at)
+            return super().probe(at, drain)
 
         def close(self) -> None:
             self.closed = True
