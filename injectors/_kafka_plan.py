@@ -186,8 +186,8 @@ class OffsetPlanner:
     ) -> dict[TopicPartition, Watermark | None]:
         """The last record's times below each caught-up partition's end offset. Known without
         a fetch when the end did not move since the last batch, or when step 1's fetch brought
-        the record at `end - 1` (as its first record, or in the same response: `Peek.last`);
-        the rest in one probe."""
+        the record at `end - 1` (as its first record, or among the messages it read after it:
+        `Peek.last`); the rest in one probe."""
         out: dict[TopicPartition, Watermark | None] = {}
         need: dict[TopicPartition, int] = {}
         for tp, end in ends.items():

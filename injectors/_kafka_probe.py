@@ -112,9 +112,10 @@ class Peek:
     key: bytes | None = None
     value: bytes | None = None
     headers: Headers | None = None
-    # The newest record below `high` among what the fetches had queued, maybe this one (a
-    # draining `probe` only): the record below `high` without `last_records`' second round
-    # trip, or, short of it, where the planner may end a caught-up partition's batch.
+    # The newest record below `high` among the messages `probe` read, maybe this one (a
+    # draining probe reads on towards `high`): the record below `high` without
+    # `last_records`' second round trip, or, short of it, where the planner may end a
+    # caught-up partition's batch.
     last: Peek | None = None
     # The fetch brought about its byte limit from here to `last` (`probe` only): it stopped
     # for a backlog, not short of `high` (`FULL_SHARE`).

@@ -4,7 +4,8 @@ An injector cannot know the event times of records not yet written, so its water
 estimate. Per partition:
 
 * while the partition has lag at the batch's end offset, the next unread record is the oldest
-  pending work, so its time is the estimate;
+  pending work, so its time is the estimate (for a batch the planner ended early, after the
+  newest record its probe brought, that record's time stands in: see `PartitionProgress`);
 * once caught up, the estimate is the newer of what the partition's data implies and the idle
   bound. The data: the times of the last record below the end offset (the newest the
   partition holds; `PartitionProgress.last_record`). Records still to come may be older than
