@@ -413,6 +413,7 @@ def _verify(
 
     from millstream.state.shard_count import ShardLayout, pending_rescales, read_layout
     from millstream.testing.committed_reader import (
+        fetch_committed,
         judge_plain_view,
         last_stable_offset,
         probe_aborted_leak,
@@ -457,6 +458,19 @@ def _verify(
             except Exception as exc:  # no answer is no evidence
                 lsos[partition] = f"unreadable ({exc})"
         withheld = withheld_by_broker(view, raw_log, lsos)
+        if withheld is None:  # what a consumer at the first withheld offset is told
+            fetch_lsos: dict[int, Any] = {}
+            for partition in sorted({p for p, _ in view.withheld}):
+                first = min(o for p, o in view.withheld if p == partition)
+                try:
+                    answer = fetch_committed(bootstrap, topics["output_topic"], partition, first)
+                except Exception:  # no answer is no evidence
+                    continue
+                if answer is not None and answer.error_code == 0:
+                    fetch_lsos[partition] = answer.last_stable_offset
+            withheld = withheld_by_broker(
+                view, raw_log, fetch_lsos, answered_by="a read_committed Fetch's response"
+            )
     plain = plain_consumer_verdict(
         view, probe_aborted_leak(bootstrap) if not view.exact else False, withheld
     )

@@ -656,11 +656,32 @@ def _unmarked(batches: Sequence[RawBatch]) -> list[int]:
     return sorted(open_txns)
 
 
+@dataclass(frozen=True)
+class FetchAnswer:
+    """What a broker's read_committed Fetch of one partition from one offset answered: what a
+    plain consumer there is told. librdkafka hands out no record at or past the response's
+    `last_stable_offset`, and skips the `aborted` transactions (producer id, first offset)."""
+
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    aborted: list[tuple[int, int]]
+
+
 def aborted_listed(
     bootstrap: str, topic: str, partition: int, offset: int, *, timeout: float = 10.0
 ) -> list[tuple[int, int]]:
     """The aborted transactions (producer id, first offset) a broker lists to a read_committed
     consumer fetching `partition` from `offset`: what its Fetch tells the client to skip."""
+    answer = fetch_committed(bootstrap, topic, partition, offset, timeout=timeout)
+    return [] if answer is None else answer.aborted
+
+
+def fetch_committed(
+    bootstrap: str, topic: str, partition: int, offset: int, *, timeout: float = 10.0
+) -> FetchAnswer | None:
+    """The broker's answer to a read_committed Fetch of `partition` from `offset` (None when
+    the response names no partition)."""
     host, port = _leaders(bootstrap, topic, timeout)[partition]
     conn = _Connection(host, port, timeout)
     try:
@@ -686,9 +707,15 @@ def aborted_listed(
     finally:
         conn.close()
     if not responses or not responses[0].partitions:
-        return []
-    listed = getattr(responses[0].partitions[0], "aborted_transactions", None) or []
-    return [(int(a.producer_id), int(a.first_offset)) for a in listed]
+        return None
+    part = responses[0].partitions[0]
+    listed = getattr(part, "aborted_transactions", None) or []
+    return FetchAnswer(
+        int(part.error_code),
+        int(part.high_watermark),
+        int(getattr(part, "last_stable_offset", -1)),
+        [(int(a.producer_id), int(a.first_offset)) for a in listed],
+    )
 
 
 def listed_aborted_but_committed(
@@ -735,24 +762,33 @@ def listed_aborted_but_committed(
 
 
 def withheld_by_broker(
-    view: PlainView, partitions: Sequence[list[RawBatch]], lsos: dict[int, Any]
+    view: PlainView,
+    partitions: Sequence[list[RawBatch]],
+    lsos: dict[int, Any],
+    *,
+    answered_by: str = "ListOffsets",
 ) -> str | None:
     """Positive evidence that the broker, not the product, holds committed records back from a
     plain read_committed consumer; None without it.
 
     Per partition with withheld records, from the broker alone: its raw log has no open
     transaction (every transactional batch has a later marker of its producer), so the last
-    stable offset must be the log end; yet the last stable offset it answers (`lsos`, a
-    ListOffsets read_committed request) is at or before the first withheld record. The
-    withheld records themselves must be committed data in that log (`judge_plain_view`).
+    stable offset must be the log end; yet the last stable offset it answers (`lsos`, to a
+    read_committed ListOffsets request, or in a read_committed Fetch's response from the first
+    withheld offset: `answered_by` says which) is at or before the first withheld record. The
+    withheld records themselves must be committed data in that log (`judge_plain_view`). A
+    negative offset (the protocol's "unknown") is no evidence.
     """
     facts = []
     for partition in sorted({p for p, _ in view.withheld}):
         first = min(o for p, o in view.withheld if p == partition)
         batches = partitions[partition]
         lso = lsos.get(partition)
-        if not isinstance(lso, int) or _unmarked(batches) or lso > first:
+        if not isinstance(lso, int) or lso < 0 or _unmarked(batches) or lso > first:
             return None
         end = batches[-1].next_offset if batches else 0
-        facts.append(f"p{partition}: last stable offset {lso}, no open transaction, log end {end}")
+        facts.append(
+            f"p{partition}: last stable offset {lso} ({answered_by}), no open transaction, "
+            f"log end {end}"
+        )
     return "; ".join(facts) if facts else None

@@ -489,11 +489,19 @@ def test_withheld_records_are_the_brokers_only_when_its_log_contradicts_its_lso(
     view = judge_plain_view("t", [], log)
     assert view.withheld == [(0, 3)] and not view.unexplained
     evidence = withheld_by_broker(view, log, {0: 0})
-    assert evidence is not None and "last stable offset 0, no open transaction" in evidence
+    assert (
+        evidence is not None
+        and "last stable offset 0 (ListOffsets), no open transaction" in evidence
+    )
     # An LSO past the withheld record: the consumer, not the broker's answer, stopped.
     assert withheld_by_broker(view, log, {0: 5}) is None
     # An LSO the broker would not give is no evidence.
     assert withheld_by_broker(view, log, {0: "unreadable (TimeoutError)"}) is None
+    # Nor is the protocol's "unknown" (-1), which a Fetch response may carry.
+    assert withheld_by_broker(view, log, {0: -1}) is None
+    # The same rule on the last stable offset of a Fetch response, named as its source.
+    fetched = withheld_by_broker(view, log, {0: 3}, answered_by="a read_committed Fetch")
+    assert fetched is not None and "last stable offset 3 (a read_committed Fetch)" in fetched
 
 
 def test_withheld_records_behind_an_open_transaction_are_not_the_brokers() -> None:
