@@ -21,7 +21,9 @@ aborting it (issue #6: aborting and trusting the broker's progress delivered som
 twice). Tansu can acknowledge such a commit after its restart, keep its progress offsets and
 yet abort its records; only when the progress offsets read from the broker cover every missing
 production's sequence number and each one's records sit under an ABORT marker does the test
-report an expected failure naming the broker defect (`sink_faults.lost_commit_evidence`).
+report an expected failure naming the broker defect (`sink_faults.lost_commit_evidence`);
+likewise when the broker ended one transaction with COMMIT in one partition and ABORT in
+another while keeping its progress offsets (`sink_faults.split_outcome_evidence`).
 The other way round, seen once with the machine loaded: a commit that timed out was committed
 (its records under COMMIT, the broker's EndTxn answer on the wire without error) while the
 group coordinator kept answering the progress from before it, so the sink delivered those

@@ -20,6 +20,7 @@ from millstream.testing.txn_wire import OffsetAnswer, TxnCall, TxnWireLog
 from tests.e2e.sink_faults import (
     ACKED_THEN_ABORTED_REASON,
     LOST_COMMIT_REASON,
+    SPLIT_OUTCOME_REASON,
     STUCK_TXN_REASON,
     TXN_TIMEOUT_S,
     UNSERVED_ACK_REASON,
@@ -31,6 +32,7 @@ from tests.e2e.sink_faults import (
     journal_productions,
     lost_commit_evidence,
     reinit_unapplied_progress_evidence,
+    split_outcome_evidence,
     unapplied_progress_evidence,
     unserved_ack_evidence,
 )
@@ -156,6 +158,45 @@ def test_an_abort_asked_for_or_an_end_never_answered_is_not_the_brokers() -> Non
     # The commit never answered, and a new transaction began: the re-init aborted it, rightly.
     unanswered = wire_of(add(1.0), end(2.0, True), add(3.0), end(4.0, True, None), add(6.0))
     assert acknowledged_then_aborted(["e2"], TOPIC, aborted_log(), unanswered) is None
+
+
+def split_log() -> list[list[RawBatch]]:
+    """One transaction of pid 7 wrote e1 to p0 and e2 to p1: COMMIT in p0, ABORT in p1."""
+    return [
+        [data(0, 7, event="e1"), marker(1, 7, COMMIT)],
+        [data(0, 7, event="e2"), marker(1, 7, ABORT)],
+    ]
+
+
+def add_both(at: float) -> TxnCall:
+    return TxnCall("add_partitions", "t", 7, 0, at, None, ((TOPIC, 0), (TOPIC, 1)), 0, at + 0.01)
+
+
+SPLIT_NAMES = {"e1": {(0, 4)}, "e2": {(0, 5)}}
+
+
+def test_one_transaction_committed_in_one_partition_and_aborted_in_another_is_the_brokers() -> None:
+    # Its commit went unanswered (the broker stopped), then was retried: one transaction.
+    wire = wire_of(add_both(1.0), end(2.0, True, None), end(3.0, True, None))
+    evidence = split_outcome_evidence(["e2"], TOPIC, split_log(), wire, SPLIT_NAMES, {0: 6})
+    assert evidence is not None and "p1@0 ABORT, and p0@0 COMMIT" in evidence, evidence
+    assert SPLIT_OUTCOME_REASON.startswith("broker defect")
+
+
+def test_a_split_outcome_needs_one_transaction_on_the_wire_and_the_brokers_progress() -> None:
+    log = split_log()
+    wire = wire_of(add_both(1.0), end(2.0, True, None))
+    # Two transactions on the wire (p0's ended before p1's began): each had one outcome.
+    add_p1 = TxnCall("add_partitions", "t", 7, 0, 3.0, None, ((TOPIC, 1),), 0, 3.01)
+    two = wire_of(add(1.0), end(2.0, True), add_p1, end(4.0, False))
+    assert split_outcome_evidence(["e2"], TOPIC, log, two, SPLIT_NAMES, {0: 6}) is None
+    # The broker's progress does not cover seq 5: the sink did not skip it on the broker's word.
+    assert split_outcome_evidence(["e2"], TOPIC, log, wire, SPLIT_NAMES, {0: 5}) is None
+    # Unnamed, under COMMIT itself, or a wire log with parse errors.
+    assert split_outcome_evidence(["e2"], TOPIC, log, wire, {}, {0: 6}) is None
+    assert split_outcome_evidence(["e1"], TOPIC, log, wire, SPLIT_NAMES, {0: 6}) is None
+    wire.errors.append("response api 26 v3: unpack requires a buffer of 2 bytes")
+    assert split_outcome_evidence(["e2"], TOPIC, log, wire, SPLIT_NAMES, {0: 6}) is None
 
 
 def test_acknowledged_then_aborted_refuses_what_it_cannot_match() -> None:
