@@ -1530,8 +1530,13 @@ def check_plain_consumer(bootstrap: str, topic: str, truth: dict[str, Event]) ->
     (`withheld_by_broker`). Anything else fails the test.
     """
     partitions = read_raw_topic(bootstrap, topic)
-    for _ in range(3):  # a slow broker (Tansu on s3:// after a restart) can pause a reader
-        messages = read_with_consumer(bootstrap, topic, idle_s=3.0, timeout=60)
+    # A slow broker (Tansu on s3:// after a restart) can pause a reader, and leaves a fetch it
+    # cannot assemble within the consumer's wait unanswered: each try waits longer, the last
+    # past librdkafka's default (500 ms).
+    for wait_ms in (50, 500, 2000):
+        messages = read_with_consumer(
+            bootstrap, topic, idle_s=3.0, timeout=60, fetch_wait_ms=wait_ms
+        )
         served = [(m.partition(), m.offset()) for m in messages]
         view = judge_plain_view(topic, served, partitions)
         if not view.withheld:
