@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -508,6 +509,7 @@ def _verify(
         "count_layout": layout.encode(),
         "peak_pipeline_rss_mib": round(observed.peak_rss / 2**20),
         "output": str(folder),
+        "duplicate_copies": duplicate_copies(raw_log, sorted(report.duplicated)[:5]),
     }
     summary["failed_checks"] = failed_checks(summary, opts.max_unexpected_exits)
     summary["passed"] = not summary["failed_checks"]
@@ -558,6 +560,28 @@ def failed_checks(summary: dict[str, Any], max_unexpected_exits: int = 0) -> lis
     return failed
 
 
+def duplicate_copies(partitions: Sequence[list[Any]], ids: list[str]) -> list[str]:
+    """Every raw copy of these output ids: partition, offset, producer id and epoch, and the
+    marker that closed it. Tells a broker that never ended a fenced epoch's transaction (its
+    records closed by the next epoch's COMMIT) from a sink that committed twice."""
+    from millstream.testing.committed_reader import record_origins
+
+    wanted = set(ids)
+    out: list[str] = []
+    for partition, batches in enumerate(partitions):
+        for origin in record_origins(partition, batches).values():
+            try:
+                output_id = json.loads(origin.value)["id"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if output_id in wanted:
+                out.append(
+                    f"{output_id} p{partition}@{origin.offset} pid {origin.producer_id} epoch "
+                    f"{origin.producer_epoch} {origin.marker or 'no marker'}"
+                )
+    return sorted(out)
+
+
 def text_report(summary: dict[str, Any]) -> str:
     rec = summary["recovery_s"]
     lines = [
@@ -578,6 +602,7 @@ def text_report(summary: dict[str, Any]) -> str:
         f"{summary['plain_read_committed_consumer']['verdict']} "
         f"({summary['plain_read_committed_consumer']['detail']})",
         *(f"  FAILED: {reason}" for reason in summary["failed_checks"]),
+        *(f"  raw copy of a duplicate: {c}" for c in summary.get("duplicate_copies", [])),
         f"  details: {summary['output']}/summary.json",
     ]
     return "\n".join(lines)

@@ -3,6 +3,7 @@ unexpected pipeline exits included."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from millstream.chaos.run import failed_checks, plain_consumer_verdict
@@ -63,3 +64,28 @@ def test_every_exactly_once_figure_fails_the_run() -> None:
     assert failed_checks({**clean(), "state_mismatches": {"k": {"state": 1, "truth": 2}}})
     assert failed_checks({**clean(), "numbering_errors": ["k"]})
     assert failed_checks({**clean(), "recovery_s": {"not_recovered": 1}})
+
+
+def test_duplicate_copies_name_each_raw_copy_with_its_epoch_and_closing_marker() -> None:
+    from types import SimpleNamespace
+
+    from millstream.chaos.run import duplicate_copies
+    from millstream.testing.committed_reader import RawBatch
+
+    def data(offset: int, epoch: int, output_id: str) -> RawBatch:
+        value = json.dumps({"id": output_id, "k": "k1", "n": 1}).encode()
+        record = SimpleNamespace(offset=offset, key=None, value=value, timestamp=0, headers=[])
+        return RawBatch(offset, offset + 1, 4, epoch, True, False, (record,))
+
+    def commit(offset: int, epoch: int) -> RawBatch:
+        return RawBatch(
+            offset, offset + 1, 4, epoch, True, True, (SimpleNamespace(offset=offset, type=1),)
+        )
+
+    # Epoch 0's copy has no marker of its own: epoch 1's COMMIT closes both.
+    log = [[data(0, 0, "a"), data(1, 1, "a"), data(2, 1, "b"), commit(3, 1)]]
+    assert duplicate_copies(log, ["a"]) == [
+        "a p0@0 pid 4 epoch 0 COMMIT",
+        "a p0@1 pid 4 epoch 1 COMMIT",
+    ]
+    assert duplicate_copies(log, []) == []
