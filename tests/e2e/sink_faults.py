@@ -686,12 +686,13 @@ def _xfail_on_broker_evidence(
         inputs = read_raw_topic(feeder.bootstrap, feeder.topic) if feeder is not None else None
     except Exception as exc:
         print(f"raw input log unreadable: {type(exc).__name__}: {exc}")
+    progress: dict[int, int] = {}  # the broker's progress of each shard now
+    names: dict[str, set[tuple[int, int]]] = {}  # the journal's productions
     if mode == "transactional" and watcher is not None and journal is not None:
         try:
             progress = progress_offsets(bootstrap, watcher.app)
         except Exception as exc:
-            print(f"progress offsets unreadable, no lost-commit evidence: {exc}")
-            progress = {}
+            print(f"progress offsets unreadable, no lost-commit or split evidence: {exc}")
         names = journal_productions(journal)
         seen = watcher.seen()
         if wire is not None:  # the sink's own progress reads, answered by the broker
@@ -704,17 +705,9 @@ def _xfail_on_broker_evidence(
         acked = acknowledged_then_aborted(missing, topic, partitions, wire)
         if acked is not None:
             pytest.xfail(f"{ACKED_THEN_ABORTED_REASON}: {acked}")
-        if journal is not None and watcher is not None:
-            try:
-                now = progress_offsets(bootstrap, watcher.app)
-            except Exception as exc:
-                print(f"progress offsets unreadable, no split-outcome evidence: {exc}")
-                now = {}
-            split = split_outcome_evidence(
-                missing, topic, partitions, wire, journal_productions(journal), now
-            )
-            if split is not None:
-                pytest.xfail(f"{SPLIT_OUTCOME_REASON}: {split}")
+        split = split_outcome_evidence(missing, topic, partitions, wire, names, progress)
+        if split is not None:
+            pytest.xfail(f"{SPLIT_OUTCOME_REASON}: {split}")
         print(f"no acknowledged-then-aborted evidence; wire log parse errors: {wire.errors[:5]}")
     acks = feeder.acked if feeder is not None else {}
     found = unserved_ack_evidence(missing, [], partitions, inputs, acks)
@@ -853,15 +846,10 @@ def split_outcome_evidence(
                     committed.setdefault(key, origin)
     found: list[str] = []
     for event in missing:
-        names = productions.get(event, set())
-        if len(names) != 1:
-            return None  # unnamed, or two productions for one input: ours to explain
-        ((shard, seq),) = names
-        if progress.get(shard, -1) <= seq:
-            return None  # the broker never counted it as delivered
-        where = copies.get(event, [])
-        if not where or any(c.marker != ABORT_MARKER for c in where):
-            return None  # never written, or under COMMIT / no marker: not this defect
+        lost = _aborted_under_progress(event, productions, progress, copies)
+        if lost is None:
+            return None
+        shard, seq, where = lost
         split = [
             (copy, committed[key])
             for copy in where
@@ -879,6 +867,27 @@ def split_outcome_evidence(
             f"{aborted.producer_epoch})"
         )
     return f"{len(found)} productions {found[:5]}"
+
+
+def _aborted_under_progress(
+    event: str,
+    productions: dict[str, set[tuple[int, int]]],
+    progress: dict[int, int],
+    copies: dict[str, list[RecordOrigin]],
+) -> tuple[int, int, list[RecordOrigin]] | None:
+    """(shard, seq, raw copies) of a missing production that the journal names once, that the
+    broker's progress of its shard now covers, and whose every copy sits under ABORT; None
+    otherwise. The common ground of the lost-commit and split-outcome rules."""
+    names = productions.get(event, set())
+    if len(names) != 1:
+        return None  # unnamed, or two productions for one input: ours to explain
+    ((shard, seq),) = names
+    if progress.get(shard, -1) <= seq:
+        return None  # the broker never counted it as delivered
+    where = copies.get(event, [])
+    if not where or any(c.marker != ABORT_MARKER for c in where):
+        return None  # never written, or under COMMIT / no marker: not this defect
+    return shard, seq, where
 
 
 def _transactions_before(calls: list[TxnCall], start: TxnCall) -> int:
@@ -989,16 +998,11 @@ def lost_commit_evidence(
     copies = _copies(partitions)
     found: list[str] = []
     for event in missing:
-        names = productions.get(event, set())
-        if len(names) != 1:
-            return None  # unnamed, or two productions for one input: ours to explain
-        ((shard, seq),) = names
-        offset = progress.get(shard, -1)
-        if offset < 0 or seq >= offset:
-            return None  # the broker never counted it as delivered
-        where = copies.get(event, [])
-        if not where or any(c.marker != ABORT_MARKER for c in where):
-            return None  # never written, or under COMMIT / no marker: not this defect
+        lost = _aborted_under_progress(event, productions, progress, copies)
+        if lost is None:
+            return None
+        shard, seq, where = lost
+        offset = progress[shard]
         lost_seqs = {q for e in missing for h, q in productions.get(e, set()) if h == shard}
         tops = sorted(p - 1 for p in seen.get(shard, set()) if p - 1 in lost_seqs and p - 1 >= seq)
         if not tops:
