@@ -314,8 +314,9 @@ def _fetch_all(
                 holes.append(LogHole(topic, partition, hole_start, int(part.high_watermark)))
             return out, int(part.high_watermark)
         if not advanced:
+            expired = time.monotonic() > deadline  # read once: the branches below must agree
             if truncated:
-                if max_bytes >= 256 << 20 or time.monotonic() > deadline:
+                if max_bytes >= 256 << 20 or expired:
                     raise MillstreamError(f"{topic}[{partition}]: no progress at offset {position}")
                 max_bytes *= 2  # a batch larger than the fetch size
             elif wait_ms == _SHORT_WAIT_MS:
@@ -324,9 +325,9 @@ def _fetch_all(
                 wait_ms = _LONG_WAIT_MS
             elif hole_start is not None:
                 position += 1  # inside a known hole: one long fetch per offset, then the next
-            elif time.monotonic() > deadline and holes is not None:
+            elif expired and holes is not None:
                 hole_start, position = position, position + 1
-            elif time.monotonic() > deadline:
+            elif expired:
                 raise LogHoleError(
                     f"{topic}[{partition}]: the broker serves nothing at offset {position}, below "
                     f"its high watermark {part.high_watermark}: records the log claims to hold "
