@@ -15,10 +15,18 @@ workers never run a shard. The daemon must not start a thread before it forks (a
 keeps only the forking thread): numpy's OpenBLAS starts one at import unless told to use one,
 so this sets OPENBLAS_NUM_THREADS=1 (the runtime uses no BLAS routine) unless the user set it.
 A failed import is written to stderr and the daemon runs as Spark's own would.
+
+Then every daemon freezes its heap (`gc.freeze`): Spark's daemon runs a full `gc.collect()` in a
+reused worker after every task, and with the imports above that walked about 58,000 objects
+inherited from the daemon, 25 ms a task on a quiet machine (py-spy at 5,000 ev/s: 17-20% of
+each worker's CPU). Frozen objects are never scanned, so a worker's collection walks only what
+it allocated itself; nothing frozen is garbage (modules, classes, functions), and frozen pages
+stay shared with the daemon instead of being written by every worker's collections.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -47,6 +55,8 @@ def main() -> None:
     preload(sys.argv[1] if len(sys.argv) > 1 else None)
     from pyspark.daemon import manager
 
+    gc.collect()  # the imports' own garbage, so that none of it is frozen
+    gc.freeze()
     manager()
 
 

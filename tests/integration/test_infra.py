@@ -163,14 +163,16 @@ def test_spark_workers_start_with_the_shard_task_imported_and_are_kept(
     same workers (Spark reuses them)."""
     from millstream.connectors.shard_jobs import WarmWorkers
 
-    def preloaded(rows: Iterator[int]) -> Iterator[tuple[int, bool, int]]:
-        """What a worker held before this task imported anything (pickled by value)."""
+    def preloaded(rows: Iterator[int]) -> Iterator[tuple[int, bool, int, int]]:
+        """What a worker held before this task imported anything (pickled by value), and how
+        many objects of its heap the daemon froze (Spark's per-task collection skips them)."""
+        import gc
         import os
         import sys
 
         found = "millstream.connectors.shard_task" in sys.modules
         for _ in rows:
-            yield os.getpid(), found, os.getppid()
+            yield os.getpid(), found, os.getppid(), gc.get_freeze_count()
 
     daemon = spark.sparkContext.getConf().get("spark.python.daemon.module")
     assert daemon == "millstream.worker_daemon"
@@ -184,8 +186,9 @@ def test_spark_workers_start_with_the_shard_task_imported_and_are_kept(
         warm.stop()
     assert warm.pids, "the warming job did not run"
     seen = spark.sparkContext.parallelize(range(2), 2).mapPartitions(preloaded).collect()
-    assert all(found for _, found, _ in seen), seen
-    assert {pid for pid, _, _ in seen} <= set(warm.pids), (seen, warm.pids)
-    parents = {parent for _, _, parent in seen}
+    assert all(found for _, found, _, _ in seen), seen
+    assert all(frozen > 20_000 for *_, frozen in seen), seen
+    assert {pid for pid, *_ in seen} <= set(warm.pids), (seen, warm.pids)
+    parents = {parent for _, _, parent, _ in seen}
     commands = {Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in parents}
     assert all(b"millstream.worker_daemon" in c for c in commands), commands

@@ -58,3 +58,26 @@ def test_a_failed_preload_is_reported_and_the_daemon_goes_on() -> None:
     found, stderr = _probe("pyspark.worker", "millstream.no_such_module")
     assert not found["after"]
     assert "could not preload the runtime" in stderr and "no_such_module" in stderr
+
+
+_FREEZE_PROBE = """
+import gc, json, sys
+import pyspark.daemon
+from millstream import worker_daemon
+pyspark.daemon.manager = lambda: print(json.dumps(
+    {"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}
+))
+sys.argv = ["worker_daemon", "pyspark.worker"]
+worker_daemon.main()
+"""
+
+
+def test_the_daemon_freezes_its_heap_before_it_forks_workers() -> None:
+    """Spark's daemon collects garbage in a worker after every task: what the daemon holds
+    (the preloaded runtime, pyspark) is frozen, so those collections skip it."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FREEZE_PROBE], capture_output=True, text=True, check=True,
+        timeout=60,
+    )  # fmt: skip
+    found = json.loads(done.stdout)
+    assert found["frozen"] > 20_000 and found["tracked"] < found["frozen"] // 20, found
