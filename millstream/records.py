@@ -81,3 +81,13 @@ class Production:
     system_time: int
     seq: int = 0
     headers: tuple[tuple[str, bytes], ...] = field(default=())
+
+    def __reduce__(self) -> tuple[type[Production], tuple[Any, ...]]:
+        """Pickled as its constructor's arguments: a shard task returns every production it
+        checkpointed to the driver, and the dataclass's own slots pickling (a field list per
+        object) cost 13.6 us a production against 5.7."""
+        return (
+            Production,
+            (self.stream, self.key, self.value, self.timestamp, self.id, self.system_time,
+             self.seq, self.headers),
+        )  # fmt: skip
