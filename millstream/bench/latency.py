@@ -76,6 +76,10 @@ class Phase:
     # The broker process's mean CPU over the phase, when it runs on this machine: a broker that
     # slows as its partitions grow (the embedded one, `_broker_load`) shows here.
     broker_cores: float | None = None
+    # The system's own process tree (driver, JVM, Python workers): CPU microseconds per event
+    # sent over the phase, a steadier figure than a latency percentile when comparing two
+    # builds on a 2-core machine, where a change's CPU shows in every other process's waits.
+    cpu_us_per_event: float | None = None
 
     def holds_send(self, sent_ms: int) -> bool:
         return self.start_ms + WARMUP_MS <= sent_ms <= self.end_ms
@@ -107,6 +111,7 @@ def _phase(
     """One rate for `bench.rate_seconds`, with the broker's mean CPU over it when sampled."""
     say(f"{NAME}: {rate:.0f} events/s for {bench.rate_seconds:.0f}s into {topic}")
     producer = RateProducer(bench.kafka, topic, rate, bench.rate_seconds)
+    cpu_before = process.cpu_seconds()
     producer.start()
     while producer.is_alive():
         if not process.alive():
@@ -116,12 +121,29 @@ def _phase(
     if producer.error is not None:
         raise RuntimeError(f"rate producer failed: {producer.error}")
     start, end = producer.started_ms, int(time.time() * 1000)
+    spent = process.cpu_seconds() - cpu_before
+    per_event = round(spent / producer.sent * 1e6, 1) if producer.sent else None
     cores = (
         per_window(broker.samples, start, end, (end - start) / 1000, statistics.fmean)[0]
         if broker is not None and end > start
         else None
     )
-    return Phase(rate, start, end, producer.sent, cores)
+    return Phase(rate, start, end, producer.sent, cores, per_event)
+
+
+def cpu_line(systems: dict[str, list[dict[str, Any]]]) -> str:
+    """Each system's own CPU per event during its rate phases, in one line."""
+    parts = [
+        f"{name} "
+        + ", ".join(
+            f"{p['rate']:.0f}/s {p['cpu_us_per_event']:g}"
+            for p in phases
+            if p.get("cpu_us_per_event") is not None
+        )
+        for name, phases in systems.items()
+        if any(p.get("cpu_us_per_event") is not None for p in phases)
+    ]
+    return "process tree CPU (us per event sent, each phase): " + ("; ".join(parts) or "-")
 
 
 def _phase_of(phases: list[Phase], test: str, value: int) -> Phase | None:
@@ -542,6 +564,15 @@ def run(bench: Bench) -> dict[str, Any]:
         f"query restarts: floor {floor['query_restarts']}"
     )
     memory += "\n" + broker_line(
+        {
+            "millstream exactly-once": mill["phases"],
+            "exactly_once=False": mill["no_eo_phases"],
+            "window counter": mill["window_phases"],
+            "Spark floor": floor["phases"],
+            "Quix Streams": quix["phases"],
+        }
+    )
+    memory += "\n" + cpu_line(
         {
             "millstream exactly-once": mill["phases"],
             "exactly_once=False": mill["no_eo_phases"],

@@ -92,3 +92,18 @@ def test_latency_reports_the_brokers_cpu_per_phase_of_each_system() -> None:
     remote = [Phase(5000.0, 0, 1, 1).__dict__]
     assert "not sampled" in broker_line({"millstream exactly-once": remote})
     assert _broker_during(remote, floor, 5000.0) == ""
+
+
+def test_the_cpu_line_gives_each_systems_cpu_per_event() -> None:
+    from millstream.bench.latency import cpu_line
+
+    mine = [
+        {"rate": 1000.0, "cpu_us_per_event": 310.5},
+        {"rate": 5000.0, "cpu_us_per_event": 150.0},
+    ]
+    line = cpu_line({"millstream exactly-once": mine, "Quix Streams": [{"rate": 1000.0}]})
+    assert (
+        line
+        == "process tree CPU (us per event sent, each phase): millstream exactly-once 1000/s 310.5, 5000/s 150"
+    )
+    assert cpu_line({"Quix Streams": [{"rate": 1000.0, "cpu_us_per_event": None}]}).endswith(": -")
