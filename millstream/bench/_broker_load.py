@@ -130,18 +130,24 @@ def over_time_line(found: dict[str, Any], stage: str) -> str:
     )
 
 
-def broker_line(systems: dict[str, list[dict[str, Any]]]) -> str:
-    """The broker's mean CPU during each system's rate phases, in one line."""
-    parts = [
+def phase_figures(
+    systems: dict[str, list[dict[str, Any]]], field: str, spec: str = ""
+) -> list[str]:
+    """Each system's `field` per rate phase ("<system> <rate>/s <value>, ..."), formatted by
+    `spec`, for the systems that measured it."""
+    return [
         f"{name} "
         + ", ".join(
-            f"{p['rate']:.0f}/s {p['broker_cores']}"
-            for p in phases
-            if p.get("broker_cores") is not None
+            f"{p['rate']:.0f}/s {p[field]:{spec}}" for p in phases if p.get(field) is not None
         )
         for name, phases in systems.items()
-        if any(p.get("broker_cores") is not None for p in phases)
+        if any(p.get(field) is not None for p in phases)
     ]
+
+
+def broker_line(systems: dict[str, list[dict[str, Any]]]) -> str:
+    """The broker's mean CPU during each system's rate phases, in one line."""
+    parts = phase_figures(systems, "broker_cores")
     if not parts:
         return "broker CPU: not sampled (the broker is not on this machine)"
     return "broker process CPU (cores, mean over each phase): " + "; ".join(parts)

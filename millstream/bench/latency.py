@@ -33,7 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from millstream.bench._broker_load import CpuSeries, broker_line, listening_pid, per_window
+from millstream.bench._broker_load import (
+    CpuSeries,
+    broker_line,
+    listening_pid,
+    per_window,
+    phase_figures,
+)
 from millstream.bench._harness import (
     PROGRESS_FILE,
     BatchProfile,
@@ -133,16 +139,7 @@ def _phase(
 
 def cpu_line(systems: dict[str, list[dict[str, Any]]]) -> str:
     """Each system's own CPU per event during its rate phases, in one line."""
-    parts = [
-        f"{name} "
-        + ", ".join(
-            f"{p['rate']:.0f}/s {p['cpu_us_per_event']:g}"
-            for p in phases
-            if p.get("cpu_us_per_event") is not None
-        )
-        for name, phases in systems.items()
-        if any(p.get("cpu_us_per_event") is not None for p in phases)
-    ]
+    parts = phase_figures(systems, "cpu_us_per_event", "g")
     return "process tree CPU (us per event sent, each phase): " + ("; ".join(parts) or "-")
 
 
@@ -563,24 +560,14 @@ def run(bench: Bench) -> dict[str, Any]:
         f"\npeak RSS: Spark floor {floor['peak_rss_mb']} MB, Quix {quix['peak_rss_mb']} MB; "
         f"query restarts: floor {floor['query_restarts']}"
     )
-    memory += "\n" + broker_line(
-        {
-            "millstream exactly-once": mill["phases"],
-            "exactly_once=False": mill["no_eo_phases"],
-            "window counter": mill["window_phases"],
-            "Spark floor": floor["phases"],
-            "Quix Streams": quix["phases"],
-        }
-    )
-    memory += "\n" + cpu_line(
-        {
-            "millstream exactly-once": mill["phases"],
-            "exactly_once=False": mill["no_eo_phases"],
-            "window counter": mill["window_phases"],
-            "Spark floor": floor["phases"],
-            "Quix Streams": quix["phases"],
-        }
-    )
+    systems = {
+        "millstream exactly-once": mill["phases"],
+        "exactly_once=False": mill["no_eo_phases"],
+        "window counter": mill["window_phases"],
+        "Spark floor": floor["phases"],
+        "Quix Streams": quix["phases"],
+    }
+    memory += "\n" + broker_line(systems) + "\n" + cpu_line(systems)
     print(f"  {memory}\n", flush=True)
     table += "\n" + memory
     curves: dict[str, list[float]] = {}
