@@ -163,16 +163,19 @@ def test_spark_workers_start_with_the_shard_task_imported_and_are_kept(
     same workers (Spark reuses them)."""
     from millstream.connectors.shard_jobs import WarmWorkers
 
-    def preloaded(rows: Iterator[int]) -> Iterator[tuple[int, bool, int, int]]:
-        """What a worker held before this task imported anything (pickled by value), and how
-        many objects of its heap the daemon froze (Spark's per-task collection skips them)."""
+    def preloaded(rows: Iterator[int]) -> Iterator[tuple[int, bool, int, int, list[str]]]:
+        """What a worker held before this task imported anything (pickled by value), how
+        many objects of its heap the daemon froze (Spark's per-task collection skips them),
+        and the jars on its path (Spark's core jar taken off by the daemon)."""
         import gc
         import os
         import sys
 
         found = "millstream.connectors.shard_task" in sys.modules
+        jars = [p for p in sys.path if p.endswith(".jar")]
+        jars.append("PYTHONPATH=" + os.environ.get("PYTHONPATH", ""))
         for _ in rows:
-            yield os.getpid(), found, os.getppid(), gc.get_freeze_count()
+            yield os.getpid(), found, os.getppid(), gc.get_freeze_count(), jars
 
     daemon = spark.sparkContext.getConf().get("spark.python.daemon.module")
     assert daemon == "millstream.worker_daemon"
@@ -186,9 +189,12 @@ def test_spark_workers_start_with_the_shard_task_imported_and_are_kept(
         warm.stop()
     assert warm.pids, "the warming job did not run"
     seen = spark.sparkContext.parallelize(range(2), 2).mapPartitions(preloaded).collect()
-    assert all(found for _, found, _, _ in seen), seen
-    assert all(frozen > 20_000 for *_, frozen in seen), seen
+    assert all(found for _, found, _, _, _ in seen), seen
+    assert all(frozen > 20_000 for *_, frozen, _ in seen), seen
+    # Spark put its core jar on the workers' PYTHONPATH; the daemon took it off sys.path.
+    assert all("spark-core" in jars[-1] for *_, jars in seen), seen
+    assert not any("spark-core" in jar for *_, jars in seen for jar in jars[:-1]), seen
     assert {pid for pid, *_ in seen} <= set(warm.pids), (seen, warm.pids)
-    parents = {parent for _, _, parent, _ in seen}
+    parents = {parent for _, _, parent, _, _ in seen}
     commands = {Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in parents}
     assert all(b"millstream.worker_daemon" in c for c in commands), commands

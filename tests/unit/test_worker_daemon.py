@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 _PROBE = """
 import json, os, sys
@@ -81,3 +83,42 @@ def test_the_daemon_freezes_its_heap_before_it_forks_workers() -> None:
     )  # fmt: skip
     found = json.loads(done.stdout)
     assert found["frozen"] > 20_000 and found["tracked"] < found["frozen"] // 20, found
+
+
+def test_the_daemon_takes_sparks_core_jar_off_the_path(tmp_path: Path) -> None:
+    """Spark puts its core jar on the workers' PYTHONPATH; every fresh worker's first task
+    would read the jar's directory again. The daemon drops it, and only it, before forking."""
+    jar = tmp_path / "jars" / "spark-core_2.13-4.3.0.jar"
+    other = tmp_path / "jars" / "user-code.jar"
+    jar.parent.mkdir()
+    for path in (jar, other):
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("org/apache/spark/Nothing.class", b"\\xca\\xfe")
+    probe = """
+import json, sys
+import pyspark.daemon
+from millstream import worker_daemon
+try:
+    import no_such_module_anywhere  # the import fills the importer cache for every path entry
+except ImportError:
+    pass
+cached = [p for p in sys.path_importer_cache if p.endswith(".jar")]
+pyspark.daemon.manager = lambda: print(json.dumps({
+    "cached_before": cached,
+    "path": [p for p in sys.path if p.endswith(".jar")],
+    "cache": [p for p in sys.path_importer_cache if p.endswith(".jar")],
+}))
+sys.argv = ["worker_daemon", "pyspark.sql.worker.create_data_source"]
+worker_daemon.main()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": f"{jar}{os.pathsep}{other}"},
+        timeout=60,
+    )
+    found = json.loads(done.stdout)
+    assert str(jar) in found["cached_before"], found  # the probe did fill the cache
+    assert found["path"] == [str(other)] and found["cache"] == [str(other)], found
