@@ -70,9 +70,8 @@ def drain_shard(
     keys = ShardKeys(plan.app, spec.name, shard, plan.generation)
     store = ShardStore(connect(plan.redis_url), keys, plan.shard_config)
     store.acquire()
-    pending = store.pending_productions()
-    if only is not None:
-        pending = [p for p in pending if p.stream in only]
+    every = store.pending_productions()
+    pending = every if only is None else [p for p in every if p.stream in only]
     if not pending:
         return DrainResult(shard, 0, 0)
     streams = tuple(sorted({p.stream for p in pending}))
@@ -85,7 +84,8 @@ def drain_shard(
     except RETRIED as exc:
         return DrainResult(shard, 0, len(pending), f"{type(exc).__name__}: {exc}", streams)
     ack = store.begin()
-    ack.ack(delivered)
+    done = {p.id for p in delivered}
+    ack.ack(delivered, [p for p in every if p.id not in done])
     ack.count("delivered", len(delivered))
     ack.count("redelivered", len(delivered))
     try:

@@ -80,7 +80,7 @@ def status(client: Any, app: str) -> dict[str, Any]:
             )
         pipe = client.pipeline(transaction=False)
         for keys in layout.keys(app, name):
-            pipe.zcard(keys.production_times)
+            pipe.hlen(keys.productions)
             pipe.zcard(keys.timers("event"))
             pipe.zcard(keys.timers("wall"))
         counts = pipe.execute() if shards else []

@@ -92,12 +92,14 @@ class ShardKeys:
 
     @property
     def production_times(self) -> str:
-        """Sorted set production id -> event time: the oldest pending production, cheaply."""
+        """Sorted set holding the earliest event time of the pending productions (one member,
+        `transaction.HOLD`; one per production as written before 2026-12-07)."""
         return f"{self.tag}:prodts"
 
     @property
     def production_system_times(self) -> str:
-        """Sorted set production id -> system (checkpoint) time: holds downstream catalog GC."""
+        """Sorted set holding the earliest system (checkpoint) time of the pending productions,
+        as `production_times` does: holds downstream catalog GC."""
         return f"{self.tag}:prodsys"
 
     @property

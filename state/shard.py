@@ -267,7 +267,8 @@ class ShardStore:
         return soft.states, timers
 
     def pending_productions(self) -> list[Production]:
-        """Checkpointed productions not yet acknowledged (a crashed owner's, re-delivered now)."""
+        """Checkpointed productions not yet acknowledged (a crashed owner's, re-delivered now).
+        Their hold (read at acquire) is there exactly while some are."""
         if not self._pending_count:
             return []
         raw = cast(list[bytes], self.client.hvals(self.keys.productions))
@@ -347,16 +348,18 @@ def acknowledge(
     position: Position,
     delivered: Sequence[Production],
     counters: dict[str, int],
+    unacked: Sequence[Production],
 ) -> int:
     """Delete delivered checkpoints under the lease of the owner that reported `position`.
 
     Used by the driver, which delivers what a shard task committed: the same guarded commit a
     task's own acknowledgement is, so a newer owner (a speculative copy, a zombie's re-run)
     makes it raise FencedError and the checkpoints stay for that owner to deliver again.
+    `unacked`: the shard's checkpoints that stay pending (`ShardTransaction.ack`).
     """
     token, version, next_seq = position
     txn = ShardTransaction(client, Lease(keys, token), version, next_seq)
-    txn.ack(list(delivered))
+    txn.ack(list(delivered), list(unacked))
     for name, amount in counters.items():
         txn.count(name, amount)
     return txn.commit()

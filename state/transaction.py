@@ -41,6 +41,8 @@ class _Effects:
     ids: list[catalog_entries.Entry] = field(default_factory=list)
     productions: list[Production] = field(default_factory=list)
     acked: list[Production] = field(default_factory=list)
+    # The shard's checkpoints still pending once `acked` are deleted (`ShardTransaction.ack`).
+    unacked: list[Production] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     drop_buckets: list[int] = field(default_factory=list)
     marks: dict[bytes, bytes] = field(default_factory=dict)
@@ -147,10 +149,13 @@ class ShardTransaction:
         self._fx.productions.append(stamped)
         return stamped
 
-    def ack(self, productions: list[Production]) -> None:
-        """Delete checkpoints whose delivery was acknowledged."""
+    def ack(self, productions: list[Production], unacked: list[Production]) -> None:
+        """Delete checkpoints whose delivery was acknowledged. `unacked`: every checkpoint of
+        the shard that stays pending (the owner read them all at acquire, or committed them
+        under its lease): the shard's watermark holds are set from them afresh."""
         self._check_open()
         self._fx.acked.extend(productions)
+        self._fx.unacked.extend(unacked)
 
     def count(self, name: str, amount: int = 1) -> None:
         self._check_open()
@@ -198,7 +203,8 @@ class ShardTransaction:
            `lease.guarded`.
         2. MULTI: state writes and deletes, timer sets and deletes, catalog ids per bucket and
            the live-bucket index, offset marks, checkpointed productions with their seq, acknowledged
-           checkpoints removed, dropped buckets, metrics, the commit-log entry and version.
+           checkpoints removed, the productions' watermark holds, dropped buckets, metrics, the
+           commit-log entry and version.
         3. EXEC: if the sequencer moved in between, Redis discards it all: FencedError.
         """
         self._check_open()
@@ -242,14 +248,10 @@ class ShardTransaction:
                 p.id: encode_production(p) for p in fx.productions
             }
             pipe.hset(keys.productions, mapping=checkpoints)
-            pipe.zadd(keys.production_times, {p.id: p.timestamp for p in fx.productions})
-            pipe.zadd(keys.production_system_times, {p.id: p.system_time for p in fx.productions})
             pipe.set(keys.production_seq, self._next_seq)
         if fx.acked:
-            acked = [p.id for p in fx.acked]
-            pipe.hdel(keys.productions, *acked)
-            pipe.zrem(keys.production_times, *acked)
-            pipe.zrem(keys.production_system_times, *acked)
+            pipe.hdel(keys.productions, *[p.id for p in fx.acked])
+        _queue_production_holds(pipe, keys, fx.productions, fx.acked, fx.unacked)
         for name, amount in fx.counters.items():
             pipe.hincrby(keys.counters, name, amount)
         entry = _codec.pack(
@@ -264,6 +266,36 @@ class ShardTransaction:
         pipe.set(keys.version, version)
         if self._batch_id is not None:
             pipe.set(keys.last_batch, self._batch_id)
+
+
+HOLD = b"hold"  # the one member of a shard's production hold sets (`_queue_production_holds`)
+
+
+def _queue_production_holds(
+    pipe: RedisPipeline,
+    keys: ShardKeys,
+    checkpointed: list[Production],
+    acked: list[Production],
+    unacked: list[Production],
+) -> None:
+    """The shard's pending checkpoints hold its low watermark at their earliest event time
+    and the catalog GC of their consumers at their earliest system time (`oldest_work`). Each
+    hold is one sorted-set member (`HOLD`) scored with that minimum, not one member per
+    production: a checkpoint moves it down (ZADD LT), an acknowledgement sets it afresh from
+    the checkpoints left (`unacked`, with any checkpointed in the same commit), or deletes it
+    when none are. Two members a production, added and then removed, cost the commit and its
+    acknowledgement a third of their Redis arguments. A shard written by an older version
+    holds one member per production; an acknowledgement replaces them (DEL) with the one."""
+    if acked:
+        left = [*unacked, *checkpointed]
+        pipe.delete(keys.production_times, keys.production_system_times)
+    elif checkpointed:
+        left = checkpointed
+    else:
+        return
+    if left:
+        pipe.zadd(keys.production_times, {HOLD: min(p.timestamp for p in left)}, lt=True)
+        pipe.zadd(keys.production_system_times, {HOLD: min(p.system_time for p in left)}, lt=True)
 
 
 def _queue_timers(

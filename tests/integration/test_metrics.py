@@ -26,6 +26,7 @@ from millstream.errors import ConfigurationError
 from millstream.metrics import MillstreamCollector, serve_metrics
 from millstream.settings import Settings
 from millstream.state.keys import ShardKeys, app_key
+from millstream.state.transaction import HOLD
 from millstream.state.watermarks import Watermark, WatermarkAuthority, now_ms
 from millstream.status import record_batch_seconds
 
@@ -74,7 +75,8 @@ def write_computation(client: Any, app: str, name: str, low_watermark: int) -> N
         client.set(keys.sequencer, 1)
         client.hset(keys.counters, mapping=counters)
     shard0 = ShardKeys(app, name, 0)
-    client.zadd(shard0.production_times, {f"p{i}": low_watermark for i in range(7)})
+    client.hset(shard0.productions, mapping={f"p{i}": b"checkpoint" for i in range(7)})
+    client.zadd(shard0.production_times, {HOLD: low_watermark})
     client.zadd(shard0.timers("event"), {"t1": low_watermark + 1000})
     WatermarkAuthority(client, app).publish(name, Watermark(low_watermark, now_ms()))
 

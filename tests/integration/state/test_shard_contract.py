@@ -13,7 +13,7 @@ from millstream.state.catalog import Verdict, bucket_keys, read_bucket
 from millstream.state.catalog_entries import fingerprint, fingerprints_in
 from millstream.state.keys import ShardKeys
 from millstream.state.shard import ShardConfig, ShardStore, SoftStateCache, oldest_work
-from millstream.state.transaction import TransactionStatus
+from millstream.state.transaction import HOLD, TransactionStatus
 from millstream.state.watermarks import NO_WORK, Watermark
 
 BUCKET_MS = 60_000
@@ -205,7 +205,7 @@ def test_crash_between_commit_and_ack_redelivers_same_ids(
     assert pending == made
     assert oldest_work(store_client, [keys])[0].event == T0
     ack = second.begin()
-    ack.ack(pending)
+    ack.ack(pending, [])
     second.commit(ack)
     third = _store(store_client, keys)
     third.acquire()
@@ -281,3 +281,77 @@ def test_stale_owner_cannot_move_oldest_work(store_client: Any, redis_namespace:
     with pytest.raises(FencedError):
         stale.commit(bad)
     assert oldest_work(store_client, [keys]) == [Watermark(T0 + 500, NO_WORK.system)]
+
+
+def _holds(client: Any, keys: ShardKeys) -> tuple[list[Any], list[Any]]:
+    return (
+        client.zrange(keys.production_times, 0, -1, withscores=True),
+        client.zrange(keys.production_system_times, 0, -1, withscores=True),
+    )
+
+
+def test_production_holds_are_the_earliest_pending_checkpoint(
+    store_client: Any, redis_namespace: str
+) -> None:
+    """Pending checkpoints hold the shard's low watermark at their earliest event time and
+    its consumers' catalog GC at their earliest system time: one member per hold, moved down
+    by checkpoints and set afresh from what an acknowledgement leaves."""
+    keys = ShardKeys(redis_namespace, "c", 2)
+    store = _store(store_client, keys)
+    store.acquire()
+
+    def made(pid: bytes, ts: int, system_time: int) -> Production:
+        return Production("out", "k", b"v", ts, pid, system_time)
+
+    txn = store.begin()
+    first = [
+        txn.checkpoint(made(b"a", T0 + 5, T0 + 50)),
+        txn.checkpoint(made(b"b", T0 + 1, T0 + 70)),
+    ]
+    store.commit(txn)
+    assert _holds(store_client, keys) == ([(HOLD, T0 + 1)], [(HOLD, T0 + 50)])
+    assert oldest_work(store_client, [keys]) == [Watermark(T0 + 1, T0 + 50)]
+
+    txn = store.begin()  # a later commit: the holds only move down
+    later = [txn.checkpoint(made(b"c", T0 + 3, T0 + 40)), txn.checkpoint(made(b"d", T0 + 9, T0))]
+    store.commit(txn)
+    assert oldest_work(store_client, [keys]) == [Watermark(T0 + 1, T0)]
+
+    ack = store.begin()  # a part acknowledged: the holds of what is left
+    ack.ack([first[1], later[1]], [first[0], later[0]])
+    store.commit(ack)
+    assert _holds(store_client, keys) == ([(HOLD, T0 + 3)], [(HOLD, T0 + 40)])
+    assert store_client.hlen(keys.productions) == 2
+
+    ack = store.begin()
+    ack.ack([first[0], later[0]], [])
+    store.commit(ack)
+    assert not store_client.exists(keys.production_times, keys.production_system_times)
+    assert oldest_work(store_client, [keys]) == [NO_WORK]
+    assert store_client.hlen(keys.productions) == 0
+
+
+def test_an_older_versions_per_production_holds_are_replaced_on_acknowledgement(
+    store_client: Any, redis_namespace: str
+) -> None:
+    """A shard checkpointed by a version that kept one hold member per production: the next
+    owner sees the same oldest work, and its acknowledgement leaves the holds of what stays."""
+    keys = ShardKeys(redis_namespace, "c", 3)
+    old = _store(store_client, keys)
+    old.acquire()
+    txn = old.begin()
+    made = [txn.checkpoint(_prod(f"p{i}".encode(), T0 + i)) for i in range(3)]
+    old.commit(txn)
+    store_client.delete(keys.production_times, keys.production_system_times)
+    store_client.zadd(keys.production_times, {p.id: p.timestamp for p in made})
+    store_client.zadd(keys.production_system_times, {p.id: p.system_time for p in made})
+
+    owner = _store(store_client, keys)
+    owner.acquire()
+    pending = owner.pending_productions()
+    assert pending == made
+    assert oldest_work(store_client, [keys])[0].event == T0
+    ack = owner.begin()
+    ack.ack(pending[:2], pending[2:])
+    owner.commit(ack)
+    assert _holds(store_client, keys) == ([(HOLD, T0 + 2)], [(HOLD, T0)])
