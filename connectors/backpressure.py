@@ -84,8 +84,7 @@ def drain_shard(
     except RETRIED as exc:
         return DrainResult(shard, 0, len(pending), f"{type(exc).__name__}: {exc}", streams)
     ack = store.begin()
-    done = {p.id for p in delivered}
-    ack.ack(delivered, [p for p in every if p.id not in done])
+    ack.ack(delivered, every)
     ack.count("delivered", len(delivered))
     ack.count("redelivered", len(delivered))
     try:

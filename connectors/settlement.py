@@ -166,11 +166,14 @@ class Settlement:
         if not settled:
             return counters
         assert result.lease is not None, "a shard result with outstanding productions has a lease"
-        done_ids = {p.id for p in settled}
-        unacked = [p for p in result.outstanding if p.id not in done_ids]
         try:
             acknowledge(
-                self.client, keys, result.lease, settled, {"acknowledged": len(settled)}, unacked
+                self.client,
+                keys,
+                result.lease,
+                settled,
+                {"acknowledged": len(settled)},
+                result.outstanding,
             )
         except FencedError as exc:
             # A newer owner holds the shard: it hands over and delivers these again, and

@@ -60,14 +60,11 @@ def preload(worker_module: str | None) -> None:
         traceback.print_exc(file=sys.stderr)
 
 
-def drop_spark_jar() -> list[str]:
-    """Take Spark's core jar off `sys.path` and out of the importer cache (module docstring);
-    returns what was taken."""
-    dropped = [p for p in sys.path if SPARK_CORE_JAR.search(p)]
-    sys.path[:] = [p for p in sys.path if p not in dropped]
+def drop_spark_jar() -> None:
+    """Take Spark's core jar off `sys.path` and out of the importer cache (module docstring)."""
+    sys.path[:] = [p for p in sys.path if not SPARK_CORE_JAR.search(p)]
     for path in [p for p in sys.path_importer_cache if SPARK_CORE_JAR.search(p)]:
         del sys.path_importer_cache[path]
-    return dropped
 
 
 def main() -> None:

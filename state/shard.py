@@ -348,18 +348,18 @@ def acknowledge(
     position: Position,
     delivered: Sequence[Production],
     counters: dict[str, int],
-    unacked: Sequence[Production],
+    pending: Sequence[Production],
 ) -> int:
     """Delete delivered checkpoints under the lease of the owner that reported `position`.
 
     Used by the driver, which delivers what a shard task committed: the same guarded commit a
     task's own acknowledgement is, so a newer owner (a speculative copy, a zombie's re-run)
     makes it raise FencedError and the checkpoints stay for that owner to deliver again.
-    `unacked`: the shard's checkpoints that stay pending (`ShardTransaction.ack`).
+    `pending`: every checkpoint of the shard that owner left pending (`ShardTransaction.ack`).
     """
     token, version, next_seq = position
     txn = ShardTransaction(client, Lease(keys, token), version, next_seq)
-    txn.ack(list(delivered), list(unacked))
+    txn.ack(list(delivered), list(pending))
     for name, amount in counters.items():
         txn.count(name, amount)
     return txn.commit()

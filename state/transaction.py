@@ -41,8 +41,8 @@ class _Effects:
     ids: list[catalog_entries.Entry] = field(default_factory=list)
     productions: list[Production] = field(default_factory=list)
     acked: list[Production] = field(default_factory=list)
-    # The shard's checkpoints still pending once `acked` are deleted (`ShardTransaction.ack`).
-    unacked: list[Production] = field(default_factory=list)
+    # Every checkpoint of the shard pending before this commit (`ShardTransaction.ack`).
+    pending: list[Production] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     drop_buckets: list[int] = field(default_factory=list)
     marks: dict[bytes, bytes] = field(default_factory=dict)
@@ -149,13 +149,13 @@ class ShardTransaction:
         self._fx.productions.append(stamped)
         return stamped
 
-    def ack(self, productions: list[Production], unacked: list[Production]) -> None:
-        """Delete checkpoints whose delivery was acknowledged. `unacked`: every checkpoint of
-        the shard that stays pending (the owner read them all at acquire, or committed them
-        under its lease): the shard's watermark holds are set from them afresh."""
+    def ack(self, productions: list[Production], pending: list[Production]) -> None:
+        """Delete checkpoints whose delivery was acknowledged. `pending`: every checkpoint of
+        the shard pending until now (the owner read them all at acquire, or committed them
+        under its lease): the shard's watermark holds are set afresh from those that stay."""
         self._check_open()
         self._fx.acked.extend(productions)
-        self._fx.unacked.extend(unacked)
+        self._fx.pending.extend(pending)
 
     def count(self, name: str, amount: int = 1) -> None:
         self._check_open()
@@ -251,7 +251,7 @@ class ShardTransaction:
             pipe.set(keys.production_seq, self._next_seq)
         if fx.acked:
             pipe.hdel(keys.productions, *[p.id for p in fx.acked])
-        _queue_production_holds(pipe, keys, fx.productions, fx.acked, fx.unacked)
+        _queue_production_holds(pipe, keys, fx.productions, fx.acked, fx.pending)
         for name, amount in fx.counters.items():
             pipe.hincrby(keys.counters, name, amount)
         entry = _codec.pack(
@@ -276,18 +276,19 @@ def _queue_production_holds(
     keys: ShardKeys,
     checkpointed: list[Production],
     acked: list[Production],
-    unacked: list[Production],
+    pending: list[Production],
 ) -> None:
     """The shard's pending checkpoints hold its low watermark at their earliest event time
     and the catalog GC of their consumers at their earliest system time (`oldest_work`). Each
     hold is one sorted-set member (`HOLD`) scored with that minimum, not one member per
     production: a checkpoint moves it down (ZADD LT), an acknowledgement sets it afresh from
-    the checkpoints left (`unacked`, with any checkpointed in the same commit), or deletes it
-    when none are. Two members a production, added and then removed, cost the commit and its
+    the checkpoints left (`pending` less `acked`, with any checkpointed in the same commit), or
+    deletes it when none are. Two members a production, added and then removed, cost the commit and its
     acknowledgement a third of their Redis arguments. A shard written by an older version
     holds one member per production; an acknowledgement replaces them (DEL) with the one."""
     if acked:
-        left = [*unacked, *checkpointed]
+        done = {p.id for p in acked}
+        left = [*(p for p in pending if p.id not in done), *checkpointed]
         pipe.delete(keys.production_times, keys.production_system_times)
     elif checkpointed:
         left = checkpointed

@@ -16,8 +16,9 @@ from millstream.state import _codec
 
 _ARRAY_OF_8 = 0x98  # MessagePack fixarray, 8 elements: the first byte of every new checkpoint
 _ENCODER = msgspec.msgpack.Encoder()
+# Production's fields in order, so a decoded checkpoint is its constructor's arguments.
 _DECODER = msgspec.msgpack.Decoder(
-    tuple[str, str, bytes, int, bytes, int, int, list[tuple[str, bytes]]]
+    tuple[str, str, bytes, int, bytes, int, int, tuple[tuple[str, bytes], ...]]
 )
 
 
@@ -28,19 +29,9 @@ def encode_production(p: Production) -> bytes:
 
 
 def decode_production(blob: bytes) -> Production:
-    if blob[:1] != bytes((_ARRAY_OF_8,)):
+    if blob[0] != _ARRAY_OF_8:
         return _decode_legacy(blob)
-    stream, key, value, ts, pid, system_time, seq, headers = _DECODER.decode(blob)
-    return Production(
-        stream=stream,
-        key=key,
-        value=value,
-        timestamp=ts,
-        id=pid,
-        system_time=system_time,
-        seq=seq,
-        headers=tuple(headers),
-    )
+    return Production(*_DECODER.decode(blob))
 
 
 def _int(raw: bytes) -> int:

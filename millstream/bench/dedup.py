@@ -74,7 +74,7 @@ def shard_batch(
         for rid, _, key in fresh:
             txn.checkpoint(Production("out", key, PAYLOAD, system_time, b"p" + rid, system_time))
     if previous:
-        txn.ack(list(previous), [])  # the previous batch's productions were all pending
+        txn.ack(list(previous), list(previous))  # the previous batch's: all that was pending
     txn.count("records", len(fresh))
     store.commit(txn)
     stats = store.dedup_stats

@@ -87,7 +87,7 @@ def _run(
             counters.update(result.counters)
             if result.lease is not None:  # dead letters: delivered and acknowledged, as the
                 keys = ShardKeys(app, "count", shard, layout.generation)  # driver would
-                acknowledge(client, keys, result.lease, result.outstanding, {}, [])
+                acknowledge(client, keys, result.lease, result.outstanding, {}, result.outstanding)
     return counters
 
 

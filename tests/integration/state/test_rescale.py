@@ -179,7 +179,7 @@ def test_a_move_waits_while_old_shards_hold_productions(
     assert read_layout(store_client, app, COMP) == layout
     store.acquire()  # the old layout still works: deliver and acknowledge, then move
     ack = store.begin()
-    ack.ack([production], [])
+    ack.ack([production], [production])
     store.commit(ack)
     new = move(store_client, app, COMP, layout, 8)
     _check(store_client, app, new, truth)

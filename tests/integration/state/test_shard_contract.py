@@ -205,7 +205,7 @@ def test_crash_between_commit_and_ack_redelivers_same_ids(
     assert pending == made
     assert oldest_work(store_client, [keys])[0].event == T0
     ack = second.begin()
-    ack.ack(pending, [])
+    ack.ack(pending, pending)
     second.commit(ack)
     third = _store(store_client, keys)
     third.acquire()
@@ -318,13 +318,13 @@ def test_production_holds_are_the_earliest_pending_checkpoint(
     assert oldest_work(store_client, [keys]) == [Watermark(T0 + 1, T0)]
 
     ack = store.begin()  # a part acknowledged: the holds of what is left
-    ack.ack([first[1], later[1]], [first[0], later[0]])
+    ack.ack([first[1], later[1]], [*first, *later])
     store.commit(ack)
     assert _holds(store_client, keys) == ([(HOLD, T0 + 3)], [(HOLD, T0 + 40)])
     assert store_client.hlen(keys.productions) == 2
 
     ack = store.begin()
-    ack.ack([first[0], later[0]], [])
+    ack.ack([first[0], later[0]], [first[0], later[0]])
     store.commit(ack)
     assert not store_client.exists(keys.production_times, keys.production_system_times)
     assert oldest_work(store_client, [keys]) == [NO_WORK]
@@ -352,6 +352,6 @@ def test_an_older_versions_per_production_holds_are_replaced_on_acknowledgement(
     assert pending == made
     assert oldest_work(store_client, [keys])[0].event == T0
     ack = owner.begin()
-    ack.ack(pending[:2], pending[2:])
+    ack.ack(pending[:2], pending)
     owner.commit(ack)
     assert _holds(store_client, keys) == ([(HOLD, T0 + 2)], [(HOLD, T0)])
