@@ -3,7 +3,8 @@
 Only shards with input, a due timer or pending productions run (`busy_shards`). Their rows go
 to at most as many Spark tasks as there are cores, in groups of about equal rows
 (`balanced_groups`: keys are skewed), pickled by the standard library as plain tuples; each
-task runs `shard_task.run_shard` for its shards in turn. A small batch
+task runs `shard_task.run_shard` for its shards in turn. With a local master the payloads and
+results travel as files (`task_spool`), not through the JVM. A small batch
 (MILLSTREAM_SMALL_BATCH_ROWS) runs its shards in the driver instead: scheduling a Spark job
 costs about 0.2 s here, running a few shards a few ms. The protocol is the same either way.
 
@@ -29,7 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from millstream.connectors import memory
+from millstream.connectors import memory, task_spool
 from millstream.connectors.formats import AvroFormat
 from millstream.connectors.plan import BatchPlan, TaskInput
 from millstream.connectors.shard_task import STREAM, ShardResult, run_shard
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 WARM_IDLE_S = 45.0
 WARM_CHECK_S = 5.0
 _last_job = [float("-inf")]  # monotonic time of this process's last Spark job of shards
+_SPOOL = task_spool.Spool()  # a local master's task files
 
 # Formats whose decoded data travels to a task with its row: they decode into builtins and
 # standard-library types only (pickled by the standard library), and decoding again would cost
@@ -93,21 +95,34 @@ def balanced_groups(shards: Sequence[int], rows: dict[int, int], groups: int) ->
 
 
 def _fused_task(
-    plan: BatchPlan, spec: ComputationSpec, payloads: Iterator[bytes]
-) -> Iterator[bytes]:
+    plan: BatchPlan, spec: ComputationSpec, payloads: Iterator[bytes | str]
+) -> Iterator[bytes | str]:
     """Executor side: run the shards of this task one after the other; each result goes back
-    pickled by the standard library too (cloudpickle is several times slower)."""
+    pickled by the standard library too (cloudpickle is several times slower). A spooled
+    payload (a path, `task_spool`) has its results written to a file beside it, whose path
+    goes back instead."""
+    out: list[bytes | str] = []
     with no_cyclic_gc():
-        results = [
-            pickle.dumps(
-                run_shard(plan, spec, shard, [TaskInput(*item) for item in items]),
-                protocol=pickle.HIGHEST_PROTOCOL,
-            )
-            for payload in payloads
-            for shard, items in pickle.loads(payload)
-        ]
+        for payload in payloads:
+            if isinstance(payload, str):
+                results = [
+                    run_shard(plan, spec, shard, [TaskInput(*item) for item in items])
+                    for shard, items in pickle.loads(task_spool.read_payload(payload))
+                ]
+                data = pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
+                del results
+                out.append(task_spool.write_results(payload, data))
+                del data
+            else:
+                out.extend(
+                    pickle.dumps(
+                        run_shard(plan, spec, shard, [TaskInput(*item) for item in items]),
+                        protocol=pickle.HIGHEST_PROTOCOL,
+                    )
+                    for shard, items in pickle.loads(payload)
+                )
     memory.trim()  # the task's rows are freed; the worker lives on for the next batch's tasks
-    yield from results
+    yield from out
 
 
 @contextlib.contextmanager
@@ -168,15 +183,18 @@ def run_shards(
         return [run_shard(plan, stage.spec, s, list(inputs.get(s, []))) for s in busy]
     context = spark.sparkContext
     slots = max(1, min(len(busy), context.defaultParallelism))
-    payloads = [
-        task_payload(stage.spec, [(s, inputs.get(s, [])) for s in group])
-        for group in balanced_groups(busy, {s: len(inputs.get(s, ())) for s in busy}, slots)
-    ]
+    groups = balanced_groups(busy, {s: len(inputs.get(s, ())) for s in busy}, slots)
+    payloads = (task_payload(stage.spec, [(s, inputs.get(s, [])) for s in g]) for g in groups)
     context.setLocalProperty("spark.scheduler.pool", "millstream")
-    job = context.parallelize(payloads, slots).mapPartitions(
-        functools.partial(_fused_task, plan, stage.spec)
-    )
+    task = functools.partial(_fused_task, plan, stage.spec)
     _last_job[0] = time.monotonic()
+    if task_spool.local_master(context.master):
+        with _SPOOL.job(payloads) as paths:
+            found: list[ShardResult] = []
+            for path in context.parallelize(paths, slots).mapPartitions(task).collect():
+                found.extend(pickle.loads(task_spool.take_results(path)))
+            return found
+    job = context.parallelize(list(payloads), slots).mapPartitions(task)
     return [pickle.loads(result) for result in job.collect()]
 
 
