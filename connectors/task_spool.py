@@ -11,9 +11,9 @@ With a local master (`local`, `local[n]`, `local-cluster[...]`) the Python worke
 driver's file system: the driver writes each task's payload to a file in this process's spool
 folder and the JVM carries only its path; the task writes its results to a file beside it and
 returns that path. The files live for one job: the driver removes them once it has read the
-results, or the job failed. The folder is this process's (named by its pid); one left by a
-process that was killed is removed by the next that starts a spool. Any other master keeps
-the JVM path, whose executors may be other machines.
+results, or the job failed. The folder is this process's alone (`mkdtemp`, named after its
+pid) and goes at exit; one left by a process that was killed goes when the next spool
+starts. Any other master keeps the JVM path, whose executors may be other machines.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def _alive(pid: int) -> bool:
 
 def remove_stale(root: Path) -> None:
     """Remove the spool folders of processes that are gone (killed before they cleaned up)."""
-    for folder in root.glob(f"{PREFIX}*"):
-        pid = folder.name[len(PREFIX) :]
+    for folder in root.glob(f"{PREFIX}*-*"):
+        pid = folder.name[len(PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -61,7 +61,7 @@ class Spool:
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root or tempfile.gettempdir())
-        self.folder = self.root / f"{PREFIX}{os.getpid()}"
+        self.folder = self.root  # made on first use: mkdtemp's, this process's alone
         self._names = itertools.count()
         self._lock = threading.Lock()
         self._ready = False
@@ -70,7 +70,10 @@ class Spool:
         with self._lock:
             if not self._ready:
                 remove_stale(self.root)
-                self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self.root.mkdir(parents=True, exist_ok=True)
+                self.folder = Path(
+                    tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=self.root)
+                )
                 atexit.register(shutil.rmtree, self.folder, ignore_errors=True)
                 self._ready = True
 

@@ -61,10 +61,10 @@ def test_a_killed_process_folder_is_removed_by_the_next_spool(tmp_path: Path) ->
         text=True,
         check=True,
     )
-    dead = tmp_path / f"{task_spool.PREFIX}{int(gone.stdout)}"
+    dead = tmp_path / f"{task_spool.PREFIX}{int(gone.stdout)}-abc"
     dead.mkdir()
     (dead / "0.in").write_bytes(b"left by a kill -9")
-    alive = tmp_path / f"{task_spool.PREFIX}1"  # init: always running
+    alive = tmp_path / f"{task_spool.PREFIX}1-abc"  # init: always running
     alive.mkdir()
     other = tmp_path / "not-ours"
     other.mkdir()
