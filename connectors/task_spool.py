@@ -66,36 +66,34 @@ class Spool:
         self._lock = threading.Lock()
         self._ready = False
 
-    def _prepare(self) -> None:
+    def _prepare(self) -> Path:
+        """This process's folder, made on first use, and again if something removed it (a
+        temporary-files cleaner, after a long quiet spell)."""
         with self._lock:
             if not self._ready:
                 remove_stale(self.root)
+            if not self._ready or not self.folder.is_dir():
                 self.root.mkdir(parents=True, exist_ok=True)
                 self.folder = Path(
                     tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=self.root)
                 )
                 atexit.register(shutil.rmtree, self.folder, ignore_errors=True)
                 self._ready = True
-
-    def write(self, payloads: Iterable[bytes]) -> list[str]:
-        """One file per payload; their paths, for the tasks."""
-        self._prepare()
-        paths = []
-        for payload in payloads:
-            with self._lock:
-                name = f"{next(self._names)}.in"
-            path = self.folder / name
-            path.write_bytes(payload)
-            paths.append(str(path))
-        return paths
+            return self.folder
 
     @contextlib.contextmanager
     def job(self, payloads: Iterable[bytes]) -> Iterator[list[str]]:
-        """The payloads' paths for one job; afterwards every file of it is removed (its
-        payloads and whatever results its task attempts wrote), whether the job succeeded or
-        not."""
-        paths = self.write(payloads)
+        """A file per payload, their paths for one job's tasks; afterwards every file of the
+        job is removed (its payloads and whatever results its task attempts wrote), whether
+        the job succeeded, failed, or failed while its payloads were being written."""
+        folder = self._prepare()
+        paths: list[str] = []
         try:
+            for payload in payloads:
+                with self._lock:
+                    path = str(folder / f"{next(self._names)}.in")
+                paths.append(path)
+                Path(path).write_bytes(payload)
             yield paths
         finally:
             for path in paths:

@@ -4,8 +4,10 @@ attempt writes back, and that nothing of a job outlives it."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,23 @@ def test_a_killed_process_folder_is_removed_by_the_next_spool(tmp_path: Path) ->
         pass
     assert not dead.exists()
     assert alive.exists() and other.exists() and spool.folder.exists()
+
+
+def test_payloads_that_fail_midway_leave_no_file(tmp_path: Path) -> None:
+    def payloads() -> Iterator[bytes]:
+        yield b"written"
+        raise MemoryError("building the second payload")
+
+    spool = Spool(tmp_path)
+    with pytest.raises(MemoryError), spool.job(payloads()):
+        pass
+    assert list(spool.folder.iterdir()) == []
+
+
+def test_a_removed_folder_is_made_again(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    with spool.job([b"a"]):
+        pass
+    shutil.rmtree(spool.folder)  # a temporary-files cleaner, after a quiet spell
+    with spool.job([b"b"]) as paths:
+        assert task_spool.read_payload(paths[0]) == b"b"
