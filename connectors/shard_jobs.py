@@ -97,30 +97,25 @@ def balanced_groups(shards: Sequence[int], rows: dict[int, int], groups: int) ->
 def _fused_task(
     plan: BatchPlan, spec: ComputationSpec, payloads: Iterator[bytes | str]
 ) -> Iterator[bytes | str]:
-    """Executor side: run the shards of this task one after the other; each result goes back
-    pickled by the standard library too (cloudpickle is several times slower). A spooled
-    payload (a path, `task_spool`) has its results written to a file beside it, whose path
-    goes back instead."""
+    """Executor side: run each payload's shards one after the other; their results go back
+    as one list pickled by the standard library (cloudpickle is several times slower). A
+    spooled payload (a path, `task_spool`) has that list written to a file beside it, whose
+    path goes back instead."""
     out: list[bytes | str] = []
     with no_cyclic_gc():
         for payload in payloads:
-            if isinstance(payload, str):
-                results = [
+            path = payload if isinstance(payload, str) else None
+            data = task_spool.read_payload(payload) if isinstance(payload, str) else payload
+            results = pickle.dumps(
+                [
                     run_shard(plan, spec, shard, [TaskInput(*item) for item in items])
-                    for shard, items in pickle.loads(task_spool.read_payload(payload))
-                ]
-                data = pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
-                del results
-                out.append(task_spool.write_results(payload, data))
-                del data
-            else:
-                out.extend(
-                    pickle.dumps(
-                        run_shard(plan, spec, shard, [TaskInput(*item) for item in items]),
-                        protocol=pickle.HIGHEST_PROTOCOL,
-                    )
-                    for shard, items in pickle.loads(payload)
-                )
+                    for shard, items in pickle.loads(data)
+                ],
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+            del data
+            out.append(results if path is None else task_spool.write_results(path, results))
+            del results
     memory.trim()  # the task's rows are freed; the worker lives on for the next batch's tasks
     yield from out
 
@@ -188,14 +183,12 @@ def run_shards(
     context.setLocalProperty("spark.scheduler.pool", "millstream")
     task = functools.partial(_fused_task, plan, stage.spec)
     _last_job[0] = time.monotonic()
-    if task_spool.local_master(context.master):
-        with _SPOOL.job(payloads) as paths:
-            found: list[ShardResult] = []
-            for path in context.parallelize(paths, slots).mapPartitions(task).collect():
-                found.extend(pickle.loads(task_spool.take_results(path)))
-            return found
-    job = context.parallelize(list(payloads), slots).mapPartitions(task)
-    return [pickle.loads(result) for result in job.collect()]
+    spooled = task_spool.local_master(context.master)
+    with _SPOOL.job(payloads) if spooled else contextlib.nullcontext(list(payloads)) as sent:
+        found: list[ShardResult] = []
+        for out in context.parallelize(sent, slots).mapPartitions(task).collect():
+            found.extend(pickle.loads(task_spool.take_results(out) if spooled else out))
+        return found
 
 
 def _touch(rows: Iterator[int]) -> Iterator[int]:

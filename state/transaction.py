@@ -202,9 +202,9 @@ class ShardTransaction:
            token means a newer owner: raise FencedError (never retried). Steps 1 and 3 are
            `lease.guarded`.
         2. MULTI: state writes and deletes, timer sets and deletes, catalog ids per bucket and
-           the live-bucket index, offset marks, checkpointed productions with their seq, acknowledged
-           checkpoints removed, the productions' watermark holds, dropped buckets, metrics, the
-           commit-log entry and version.
+           the live-bucket index, offset marks, checkpointed productions with their seq,
+           acknowledged checkpoints removed, the productions' watermark holds, dropped buckets,
+           metrics, the commit-log entry and version.
         3. EXEC: if the sequencer moved in between, Redis discards it all: FencedError.
         """
         self._check_open()
@@ -282,10 +282,11 @@ def _queue_production_holds(
     and the catalog GC of their consumers at their earliest system time (`oldest_work`). Each
     hold is one sorted-set member (`HOLD`) scored with that minimum, not one member per
     production: a checkpoint moves it down (ZADD LT), an acknowledgement sets it afresh from
-    the checkpoints left (`pending` less `acked`, with any checkpointed in the same commit), or
-    deletes it when none are. Two members a production, added and then removed, cost the commit and its
-    acknowledgement a third of their Redis arguments. A shard written by an older version
-    holds one member per production; an acknowledgement replaces them (DEL) with the one."""
+    the checkpoints left (`pending` less `acked`, with any checkpointed in the same commit),
+    or deletes it when none are. Two members a production, added and then removed, cost the
+    commit and its acknowledgement a third of their Redis arguments. A shard written by an
+    older version holds one member per production; an acknowledgement replaces them (DEL) with
+    the one."""
     if acked:
         done = {p.id for p in acked}
         left = [*(p for p in pending if p.id not in done), *checkpointed]
