@@ -750,6 +750,52 @@ def test_a_probe_brings_the_record_below_the_end_that_last_records_finds(
         probe.close()
 
 
+def test_the_probes_escalated_fetch_wait_is_remembered_per_application_in_ms(
+    redis_url: str, redis_namespace: str
+) -> None:
+    """A probe that escalated stores the wait (ms) in the application's Redis, so a restart
+    starts there; a value that is no wait of the probe's (an index stored by older code, where
+    2 meant 250 ms and 1 meant 25 ms) is read as unknown: the first wait, learned again."""
+    from millstream.injectors import _kafka_probe
+    from millstream.injectors._kafka_options import KafkaInjectorOptions
+    from millstream.state.keys import app_key
+
+    servers = "127.0.0.1:1"  # never contacted: the fetch below stands in for the broker
+    options = KafkaInjectorOptions(
+        bootstrap_servers=servers,
+        topics=("t",),
+        stream="s",
+        app=redis_namespace,
+        redis_url=redis_url,
+    )
+    key = app_key(redis_namespace, "probe-wait")
+    client = connect(redis_url)
+    before = _kafka_probe._wait_level
+    try:
+        _kafka_probe._wait_level = 0
+        probe = _kafka_probe.PartitionProbe(options)
+
+        def fetch(deadline: float) -> dict[Any, Any]:
+            if _kafka_probe._wait_level == 0:  # the first wait's fetches go unanswered
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                return {}
+            return {("t", 0): "answer"}
+
+        probe._answered({("t", 0): 0}, fetch)
+        assert client.hget(key, servers) == b"250"
+        _kafka_probe._wait_level = 0
+        _kafka_probe.PartitionProbe(options)  # a restart
+        assert _kafka_probe.FETCH_WAITS_MS[_kafka_probe._wait_level] == 250
+        for stored in ("2", "1", "0", "garbage"):
+            client.hset(key, servers, stored)
+            _kafka_probe._wait_level = 0
+            _kafka_probe.PartitionProbe(options)
+            assert _kafka_probe._wait_level == 0, stored
+    finally:
+        _kafka_probe._wait_level = before
+        client.delete(key)
+
+
 def test_under_live_traffic_every_record_is_read_once_and_no_estimate_passes_one(
     kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:
