@@ -12,21 +12,14 @@ How end offsets are learned, and why:
   `get_watermark_offsets(tp, cached=True)` read after that event belongs to this fetch. One
   probe is one fetch round trip.
 * `fetch.wait.max.ms` starts at 25 ms. On Apache Kafka the wait costs nothing while records
-  arrive: a fetch is answered as soon as any partition it names has one, so only a probe of
-  partitions that are all quiet waits it out, and a record produced meanwhile ends the wait
-  and joins this trigger. The embedded broker (Tansu) answers only after the wait, and it
-  drops 1 ms fetches under live traffic: every bench pipeline that started at 1 ms stalled
-  for the escalation's patience once, mid-traffic (0.5 s; 387 records of one traced run at
-  1,000 events/s, its p99), and then probed at 25 ms anyway. Interleaved, the exactly-once
-  pass-through at 1,000 events/s had p99/p50 2.76 and 2.60 starting at 1 ms against 1.65 and
-  1.56 starting at 25 ms, p50 0.27-0.30 s both ways. A broker may still never answer a fetch
-  it cannot assemble within the wait, so when a fetch goes unanswered for ESCALATE_AFTER_S
-  the probe rebuilds its consumer with the next longer wait in FETCH_WAITS_MS and keeps it
-  (250 ms per probe of quiet partitions, so only on strong evidence). The wait it escalated
-  to is remembered in the application's Redis (hash `ms:{app}:probe-wait`, field = bootstrap
-  servers, value = the wait in ms): a restart starts there instead of stalling
-  ESCALATE_AFTER_S per injector again to learn the same broker's manner. A value that is not
-  one of FETCH_WAITS_MS (an index, written before 2026-12-07) counts as unknown.
+  arrive (a fetch is answered once any partition it names has one), so only a probe of quiet
+  partitions waits it out. The embedded broker drops 1 ms fetches under live traffic, and the
+  escalation's stall was the record p99 of its pipelines (README, broker defects). A broker may
+  never answer a fetch it cannot assemble within the wait, so when a fetch goes unanswered for
+  ESCALATE_AFTER_S the probe rebuilds its consumer with the next longer wait in FETCH_WAITS_MS
+  and keeps it. That wait (ms) is remembered in the application's Redis (hash
+  `ms:{app}:probe-wait`, field = bootstrap servers), so a restart does not stall again to learn
+  the same broker's manner; any other value (an index, as stored before 2026-12-07) is unknown.
 * Over a backlog, what looked like dropped fetches was librdkafka's own pause: past
   `queued.min.messages` queued records (100,000 by default) it stops fetching for
   `fetch.queue.backoff.ms` (1 s by default), and a reused consumer keeps that pause into its
