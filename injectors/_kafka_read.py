@@ -25,9 +25,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTP
 
 from millstream.errors import ConfigurationError, TransientError
+from millstream.injectors._kafka_consume import broker_error, next_events
 from millstream.injectors._kafka_offsets import KafkaRange
 from millstream.injectors._kafka_options import KafkaInjectorOptions
-from millstream.injectors._kafka_probe import broker_error, next_events
 from millstream.injectors._kafka_rows import Columns, RowBuilder, to_batch, to_rows
 
 log = logging.getLogger(__name__)

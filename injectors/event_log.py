@@ -29,8 +29,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from millstream.errors import TransientError
+from millstream.injectors._kafka_consume import broker_error, next_events
 from millstream.injectors._kafka_options import KafkaInjectorOptions
-from millstream.injectors._kafka_probe import broker_error, next_events
 from millstream.injectors._kafka_read import _consumer, _discard, _release
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,9 @@ cannot be derived becomes a row with `error` set, for the runtime to dead-letter
 
 This module is the thin adapter with Spark's camelCase methods; the work is elsewhere:
 `_kafka_options` (validation), `_kafka_plan` + `_kafka_probe` (driver: end offsets and
-watermark), `_kafka_read` (executors: one partition's range into Arrow), `watermark` (the
-estimation rule), `_kafka_offsets` (the offset format, admission control, record ids).
+watermark), `_kafka_read` (executors: one partition's range into Arrow), `_kafka_consume`
+(what their consumers share), `watermark` (the estimation rule), `_kafka_offsets` (the offset
+format, admission control, record ids).
 """
 
 from __future__ import annotations
